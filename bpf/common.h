@@ -1,0 +1,60 @@
+/* SPDX-License-Identifier: Apache-2.0
+ *
+ * Maps and helpers every ember program uses: configuration, target filter,
+ * statistics, the counts map and the rotating stack maps.
+ */
+#ifndef EMBER_COMMON_H
+#define EMBER_COMMON_H
+
+#include <uapi/linux/ptrace.h>
+#include <uapi/asm-generic/errno-base.h>
+#include "ember.h"
+
+BPF_ARRAY(ember_config, struct ember_config, 1);
+BPF_HASH(ember_targets, u32, u8, EMBER_TARGET_ENTRIES);
+BPF_PERCPU_ARRAY(ember_stats, u64, EMBER_STAT_MAX);
+BPF_HASH(ember_counts, struct ember_key, struct ember_value, EMBER_COUNT_ENTRIES);
+
+static __always_inline void ember_stat_add(u32 idx, u64 n)
+{
+    u64 *v = ember_stats.lookup(&idx);
+    if (v)
+        *v += n;
+}
+
+static __always_inline struct ember_config *ember_get_config(void)
+{
+    u32 zero = 0;
+    return ember_config.lookup(&zero);
+}
+
+/* Should events of process tgid be recorded? */
+static __always_inline bool ember_wanted(const struct ember_config *cfg, u32 tgid)
+{
+    if (cfg->self_tgid && tgid == cfg->self_tgid)
+        return false;
+    if (cfg->filter_pids && !ember_targets.lookup(&tgid))
+        return false;
+    return true;
+}
+
+/* Add one event to the counts of key. */
+static __always_inline void ember_count(struct ember_key *key, u64 ns)
+{
+    struct ember_value zero = {};
+    struct ember_value *val = ember_counts.lookup_or_try_init(key, &zero);
+    if (!val) {
+        ember_stat_add(EMBER_STAT_COUNTS_FULL, 1);
+        ember_stat_add(EMBER_STAT_COUNTS_FULL_NS, ns);
+        return;
+    }
+    __sync_fetch_and_add(&val->count, 1);
+    if (ns)
+        __sync_fetch_and_add(&val->total_ns, ns);
+    ember_stat_add(EMBER_STAT_COUNTED, 1);
+    ember_stat_add(EMBER_STAT_COUNTED_NS, ns);
+}
+
+#include "unwind_fp.h"
+
+#endif /* EMBER_COMMON_H */

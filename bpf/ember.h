@@ -1,0 +1,119 @@
+/* SPDX-License-Identifier: Apache-2.0
+ *
+ * Structs and constants shared by ember's BPF programs and the Python daemon.
+ * daemon/ember/abi.py mirrors every struct and constant here; the test
+ * tests/bpf/test_abi.py compiles this header and checks that both sides agree
+ * on sizes, offsets and values.
+ *
+ * Build-time parameters come in as -D flags from the loader (daemon/ember/loader.py);
+ * run-time parameters live in the ember_config array map.
+ */
+#ifndef EMBER_H
+#define EMBER_H
+
+#define EMBER_COMM_LEN 16
+/* Frames per stored stack: the stack map's value is EMBER_MAX_STACK_DEPTH ips. */
+#define EMBER_MAX_STACK_DEPTH 127
+
+#ifndef EMBER_STACK_ENTRIES
+#define EMBER_STACK_ENTRIES 16384
+#endif
+#ifndef EMBER_COUNT_ENTRIES
+#define EMBER_COUNT_ENTRIES 16384
+#endif
+#ifndef EMBER_THREAD_ENTRIES
+#define EMBER_THREAD_ENTRIES 32768
+#endif
+#ifndef EMBER_TARGET_ENTRIES
+#define EMBER_TARGET_ENTRIES 4096
+#endif
+/* How many stack maps rotate with the epoch (see daemon/ember/drain.py). */
+#ifndef EMBER_STACK_GENERATIONS
+#define EMBER_STACK_GENERATIONS 2
+#endif
+
+/* ember_config.stack_flags */
+#define EMBER_STACK_USER 0x1
+#define EMBER_STACK_KERNEL 0x2
+
+/* A stack id that was not requested (stack kind turned off). Real failures
+ * are stored as the negative errno bpf_get_stackid returned. */
+#define EMBER_STACK_NONE (-1000)
+
+/* Thread states as sched:sched_switch reports prev_state (TASK_REPORT bits),
+ * with "runnable" (TASK_RUNNING, whether preempted or yielding) folded into
+ * one bit of its own so a state mask can select it. */
+#define EMBER_STATE_INTERRUPTIBLE 0x1
+#define EMBER_STATE_UNINTERRUPTIBLE 0x2
+#define EMBER_STATE_STOPPED 0x4
+#define EMBER_STATE_TRACED 0x8
+#define EMBER_STATE_EXIT_DEAD 0x10
+#define EMBER_STATE_EXIT_ZOMBIE 0x20
+#define EMBER_STATE_PARKED 0x40
+#define EMBER_STATE_IDLE 0x80
+#define EMBER_STATE_RUNNABLE 0x100
+
+/* Indexes into the per-CPU ember_stats array: counters never reset, so the
+ * daemon can check that what it drained equals what the kernel counted. */
+enum ember_stat {
+    EMBER_STAT_EVENTS = 0,            /* events that passed the filters */
+    EMBER_STAT_IDLE,                  /* on-CPU samples of the idle task */
+    EMBER_STAT_FILTERED,              /* events of untargeted processes */
+    EMBER_STAT_COUNTED,               /* events added to ember_counts */
+    EMBER_STAT_COUNTED_NS,            /* off-CPU nanoseconds added */
+    EMBER_STAT_COUNTS_FULL,           /* events dropped: ember_counts full */
+    EMBER_STAT_COUNTS_FULL_NS,        /* off-CPU nanoseconds dropped likewise */
+    EMBER_STAT_USER_STACK_COLLISION,  /* bpf_get_stackid: -EEXIST */
+    EMBER_STAT_KERNEL_STACK_COLLISION,
+    EMBER_STAT_USER_STACK_ERROR,      /* any other error but -EFAULT */
+    EMBER_STAT_KERNEL_STACK_ERROR,
+    EMBER_STAT_THREADS_FULL,          /* off-CPU: ember_starts full */
+    EMBER_STAT_BELOW_MIN,             /* off-CPU blocks shorter than min */
+    EMBER_STAT_ABOVE_MAX,             /* off-CPU blocks longer than max */
+    EMBER_STAT_STATE_FILTERED,        /* off-CPU switch-outs of other states */
+    EMBER_STAT_MAX,
+};
+
+/* ember_config[0]: written by the daemon, read by every program run. */
+struct ember_config {
+    __u32 epoch;        /* counts generation; the daemon increments it */
+    __u32 filter_pids;  /* 1: only processes in ember_targets */
+    __u32 self_tgid;    /* never profile this process (0: none) */
+    __u32 stack_flags;  /* EMBER_STACK_USER | EMBER_STACK_KERNEL */
+    __u32 state_mask;   /* off-CPU: record only these states (0: all) */
+    __u32 reserved;
+    __u64 min_block_ns; /* off-CPU: blocks shorter than this are ignored */
+    __u64 max_block_ns; /* off-CPU: blocks longer than this are ignored */
+};
+
+/* Key of ember_counts. One entry per (generation, thread, stacks, state). */
+struct ember_key {
+    __u32 pid;             /* thread group id */
+    __u32 tid;
+    __s32 user_stack_id;   /* >= 0: id in the stack map; < 0: see above */
+    __s32 kernel_stack_id;
+    __u32 epoch;           /* counts generation this entry belongs to */
+    __u32 stack_epoch;     /* generation of the stack map holding the ids */
+    __u32 state;           /* off-CPU: EMBER_STATE_* at switch-out; on-CPU: 0 */
+    __u32 unwinder;        /* which unwinder produced the user stack: 0 = frame pointers */
+    char comm[EMBER_COMM_LEN];
+};
+
+struct ember_value {
+    __u64 count;     /* samples (on-CPU) or blocks (off-CPU) */
+    __u64 total_ns;  /* off-CPU: summed blocked time; on-CPU: 0 */
+};
+
+/* Value of ember_starts (off-CPU): a thread that switched out, keyed by tid. */
+struct ember_start {
+    __u64 ts;
+    __u32 pid;
+    __s32 user_stack_id;
+    __s32 kernel_stack_id;
+    __u32 stack_epoch;
+    __u32 state;
+    __u32 unwinder;
+    char comm[EMBER_COMM_LEN];
+};
+
+#endif /* EMBER_H */

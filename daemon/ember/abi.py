@@ -1,0 +1,158 @@
+"""The Python view of bpf/ember.h: structs as ctypes, constants as ints.
+
+tests/test_abi.py compiles bpf/ember.h with the system C compiler and checks
+every size, offset and constant below against it, so the two cannot drift.
+"""
+
+from __future__ import annotations
+
+import ctypes as ct
+import enum
+
+COMM_LEN = 16
+MAX_STACK_DEPTH = 127
+
+STACK_USER = 0x1
+STACK_KERNEL = 0x2
+STACK_NONE = -1000
+
+# Thread states (sched_switch prev_state bits, runnable folded into its own bit).
+STATE_INTERRUPTIBLE = 0x1
+STATE_UNINTERRUPTIBLE = 0x2
+STATE_STOPPED = 0x4
+STATE_TRACED = 0x8
+STATE_EXIT_DEAD = 0x10
+STATE_EXIT_ZOMBIE = 0x20
+STATE_PARKED = 0x40
+STATE_IDLE = 0x80
+STATE_RUNNABLE = 0x100
+
+UNWINDER_FP = 0
+
+#: Build-time defaults (the loader passes its own values as -D flags).
+DEFAULT_DEFINES = {
+    "EMBER_STACK_ENTRIES": 16384,
+    "EMBER_COUNT_ENTRIES": 16384,
+    "EMBER_THREAD_ENTRIES": 32768,
+    "EMBER_TARGET_ENTRIES": 4096,
+    "EMBER_STACK_GENERATIONS": 2,
+}
+
+
+class Stat(enum.IntEnum):
+    """Indexes of the per-CPU ember_stats array (enum ember_stat)."""
+
+    EVENTS = 0
+    IDLE = 1
+    FILTERED = 2
+    COUNTED = 3
+    COUNTED_NS = 4
+    COUNTS_FULL = 5
+    COUNTS_FULL_NS = 6
+    USER_STACK_COLLISION = 7
+    KERNEL_STACK_COLLISION = 8
+    USER_STACK_ERROR = 9
+    KERNEL_STACK_ERROR = 10
+    THREADS_FULL = 11
+    BELOW_MIN = 12
+    ABOVE_MAX = 13
+    STATE_FILTERED = 14
+
+
+STAT_MAX = len(Stat)
+
+
+class Config(ct.Structure):
+    _fields_ = [
+        ("epoch", ct.c_uint32),
+        ("filter_pids", ct.c_uint32),
+        ("self_tgid", ct.c_uint32),
+        ("stack_flags", ct.c_uint32),
+        ("state_mask", ct.c_uint32),
+        ("reserved", ct.c_uint32),
+        ("min_block_ns", ct.c_uint64),
+        ("max_block_ns", ct.c_uint64),
+    ]
+
+
+class Key(ct.Structure):
+    _fields_ = [
+        ("pid", ct.c_uint32),
+        ("tid", ct.c_uint32),
+        ("user_stack_id", ct.c_int32),
+        ("kernel_stack_id", ct.c_int32),
+        ("epoch", ct.c_uint32),
+        ("stack_epoch", ct.c_uint32),
+        ("state", ct.c_uint32),
+        ("unwinder", ct.c_uint32),
+        ("comm", ct.c_char * COMM_LEN),
+    ]
+
+
+class Value(ct.Structure):
+    _fields_ = [
+        ("count", ct.c_uint64),
+        ("total_ns", ct.c_uint64),
+    ]
+
+
+class Start(ct.Structure):
+    _fields_ = [
+        ("ts", ct.c_uint64),
+        ("pid", ct.c_uint32),
+        ("user_stack_id", ct.c_int32),
+        ("kernel_stack_id", ct.c_int32),
+        ("stack_epoch", ct.c_uint32),
+        ("state", ct.c_uint32),
+        ("unwinder", ct.c_uint32),
+        ("comm", ct.c_char * COMM_LEN),
+    ]
+
+
+STRUCTS: dict[str, type[ct.Structure]] = {
+    "ember_config": Config,
+    "ember_key": Key,
+    "ember_value": Value,
+    "ember_start": Start,
+}
+
+CONSTANTS: dict[str, int] = {
+    "EMBER_COMM_LEN": COMM_LEN,
+    "EMBER_MAX_STACK_DEPTH": MAX_STACK_DEPTH,
+    "EMBER_STACK_USER": STACK_USER,
+    "EMBER_STACK_KERNEL": STACK_KERNEL,
+    "EMBER_STACK_NONE": STACK_NONE,
+    "EMBER_STATE_INTERRUPTIBLE": STATE_INTERRUPTIBLE,
+    "EMBER_STATE_UNINTERRUPTIBLE": STATE_UNINTERRUPTIBLE,
+    "EMBER_STATE_STOPPED": STATE_STOPPED,
+    "EMBER_STATE_TRACED": STATE_TRACED,
+    "EMBER_STATE_EXIT_DEAD": STATE_EXIT_DEAD,
+    "EMBER_STATE_EXIT_ZOMBIE": STATE_EXIT_ZOMBIE,
+    "EMBER_STATE_PARKED": STATE_PARKED,
+    "EMBER_STATE_IDLE": STATE_IDLE,
+    "EMBER_STATE_RUNNABLE": STATE_RUNNABLE,
+    "EMBER_STAT_MAX": STAT_MAX,
+    **{f"EMBER_STAT_{s.name}": int(s) for s in Stat},
+    **DEFAULT_DEFINES,
+}
+
+#: Names used in folded output and labels for each single state bit.
+STATE_NAMES: dict[int, str] = {
+    STATE_INTERRUPTIBLE: "sleeping",
+    STATE_UNINTERRUPTIBLE: "disk-sleep",
+    STATE_STOPPED: "stopped",
+    STATE_TRACED: "traced",
+    STATE_EXIT_DEAD: "dead",
+    STATE_EXIT_ZOMBIE: "zombie",
+    STATE_PARKED: "parked",
+    STATE_IDLE: "idle",
+    STATE_RUNNABLE: "runnable",
+}
+
+
+def state_name(state: int) -> str:
+    """A name for a normalised thread state; unknown bits are shown in hex."""
+    if state in STATE_NAMES:
+        return STATE_NAMES[state]
+    names = [n for bit, n in STATE_NAMES.items() if state & bit]
+    return "+".join(names) if names else f"state-{state:#x}"
