@@ -1,0 +1,45 @@
+# ember — the two commands a newcomer needs:
+#   make test   set up this host (root), then lint, type-check and run every test
+#   make run    set up this host, then profile it (see README)
+VENV ?= .venv
+PY := $(VENV)/bin/python
+SETUP_STAMP := $(VENV)/.setup-done
+
+.PHONY: setup fixtures proto lint test unit run clean
+
+$(SETUP_STAMP): deploy/host-setup.sh pyproject.toml
+	deploy/host-setup.sh --dev --venv $(VENV)
+	touch $@
+
+# Re-runs the idempotent host set-up every time: headers and mounts are host
+# state that a reboot or a fresh machine loses.
+setup:
+	deploy/host-setup.sh --dev --venv $(VENV)
+	touch $(SETUP_STAMP)
+
+fixtures:
+	$(MAKE) -s -C tests/fixtures
+
+# Regenerate the protobuf modules (grpcio-tools is pinned in pyproject.toml).
+proto: $(SETUP_STAMP)
+	cd daemon && ../$(PY) -m grpc_tools.protoc -I. --python_out=. --pyi_out=. ember/proto/*.proto
+
+lint: $(SETUP_STAMP)
+	$(VENV)/bin/ruff check daemon tests bench
+	$(VENV)/bin/mypy
+
+unit: $(SETUP_STAMP) fixtures
+	$(PY) -m pytest -m "not bpf" -q
+
+# Integration tests load real BPF programs: as root they are required to run
+# (EMBER_REQUIRE_BPF=1 turns a skip into a failure).
+test: setup fixtures lint
+	EMBER_REQUIRE_BPF=$$( [ "$$(id -u)" = 0 ] && echo 1 || echo 0 ) $(PY) -m pytest -q
+
+run: setup
+	$(VENV)/bin/ember record --duration 10 --output ember-profile.folded
+	@echo "wrote ember-profile.folded (on-CPU, whole host, 10 s)"
+
+clean:
+	$(MAKE) -s -C tests/fixtures clean
+	rm -rf build dist daemon/*.egg-info .pytest_cache .mypy_cache .ruff_cache

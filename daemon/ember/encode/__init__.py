@@ -1,0 +1,1 @@
+"""Encoders: model.Profile -> folded stacks, pprof."""

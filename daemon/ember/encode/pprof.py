@@ -1,0 +1,97 @@
+"""pprof: gzip-compressed perftools.profiles.Profile.
+
+Ids of mappings, locations and functions are their list position + 1, and the
+string table starts with "" (what `go tool pprof` and Parca's server expect).
+Synthetic frames get a location without a mapping, so they show by name.
+"""
+
+from __future__ import annotations
+
+import gzip
+
+from ..model import Frame, Mapping, Profile
+from ..proto import profile_pb2 as pb
+
+
+class _Strings:
+    def __init__(self) -> None:
+        self.table: list[str] = [""]
+        self.index: dict[str, int] = {"": 0}
+
+    def __call__(self, s: str) -> int:
+        i = self.index.get(s)
+        if i is None:
+            i = self.index[s] = len(self.table)
+            self.table.append(s)
+        return i
+
+
+def to_proto(profile: Profile) -> pb.Profile:
+    p = pb.Profile()
+    st = _Strings()
+    t = profile.type
+    for typ, unit in t.sample_types:
+        p.sample_type.add(type=st(typ), unit=st(unit))
+    p.period_type.type = st(t.period_type[0])
+    p.period_type.unit = st(t.period_type[1])
+    p.period = t.period
+    p.time_nanos = profile.start_ns
+    p.duration_nanos = profile.duration_ns
+    p.default_sample_type = st(t.sample_types[-1][0])
+    for c in profile.comments:
+        p.comment.append(st(c))
+
+    mappings: dict[Mapping, int] = {}
+    functions: dict[tuple[str, str], int] = {}
+    locations: dict[tuple[Mapping | None, int, str], int] = {}
+
+    def mapping_id(m: Mapping) -> int:
+        mid = mappings.get(m)
+        if mid is None:
+            mid = mappings[m] = len(p.mapping) + 1
+            p.mapping.add(id=mid, memory_start=m.start, memory_limit=m.limit,
+                          file_offset=m.offset, filename=st(m.path), build_id=st(m.build_id),
+                          has_functions=m.has_functions)
+        return mid
+
+    def function_id(f: Frame) -> int:
+        key = (f.name, f.system_name)
+        fid = functions.get(key)
+        if fid is None:
+            fid = functions[key] = len(p.function) + 1
+            p.function.add(id=fid, name=st(f.name), system_name=st(f.system_name or f.name))
+        return fid
+
+    def location_id(f: Frame) -> int:
+        key = (f.mapping, f.address, f.name)
+        lid = locations.get(key)
+        if lid is None:
+            loc = pb.Location(id=len(p.location) + 1, address=f.address,
+                              mapping_id=mapping_id(f.mapping) if f.mapping else 0)
+            loc.line.add(function_id=function_id(f))
+            lid = locations[key] = loc.id
+            p.location.append(loc)
+        return lid
+
+    for s in profile.samples:
+        sample = p.sample.add(value=list(s.values),
+                              location_id=[location_id(f) for f in reversed(s.frames)])
+        sample.label.add(key=st("pid"), num=s.pid)
+        sample.label.add(key=st("tid"), num=s.tid)
+        sample.label.add(key=st("thread_name"), str=st(s.thread_name))
+        for k, v in s.labels:
+            sample.label.add(key=st(k), str=st(v))
+    p.string_table.extend(st.table)
+    return p
+
+
+def encode_pprof(profile: Profile) -> bytes:
+    return gzip.compress(to_proto(profile).SerializeToString(), mtime=0)
+
+
+def decode_pprof(data: bytes) -> pb.Profile:
+    if data[:2] == b"\x1f\x8b":
+        data = gzip.decompress(data)
+    p = pb.Profile()
+    p.ParseFromString(data)
+    return p

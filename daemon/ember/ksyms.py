@@ -1,0 +1,48 @@
+"""Kernel symbols from /proc/kallsyms (text symbols only)."""
+
+from __future__ import annotations
+
+import bisect
+from pathlib import Path
+
+from .errors import SymbolizationError
+
+_TEXT_TYPES = frozenset("tTwW")
+
+
+class KernelSymbols:
+    def __init__(self, path: Path = Path("/proc/kallsyms")):
+        self.path = path
+        entries: list[tuple[int, str]] = []
+        try:
+            text = path.read_text()
+        except OSError as exc:
+            raise SymbolizationError(f"cannot read {path}: {exc.strerror}") from exc
+        for line in text.splitlines():
+            parts = line.split(None, 3)
+            if len(parts) < 3 or parts[1] not in _TEXT_TYPES:
+                continue
+            try:
+                addr = int(parts[0], 16)
+            except ValueError:
+                continue
+            name = parts[2]
+            if len(parts) == 4:
+                name = f"{name} {parts[3].strip()}"  # "ext4_read [ext4]"
+            entries.append((addr, name))
+        if entries and all(a == 0 for a, _ in entries):
+            raise SymbolizationError(
+                f"{path} shows no addresses (kernel.kptr_restrict, or not root): "
+                "kernel frames will be unnamed")
+        entries.sort()
+        self._addrs = [a for a, _ in entries]
+        self._names = [n for _, n in entries]
+
+    def __len__(self) -> int:
+        return len(self._addrs)
+
+    def lookup(self, address: int) -> tuple[str, int] | None:
+        i = bisect.bisect_right(self._addrs, address) - 1
+        if i < 0:
+            return None
+        return self._names[i], address - self._addrs[i]

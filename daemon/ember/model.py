@@ -1,0 +1,108 @@
+"""The profile model every encoder reads: frozen, hashable, bcc-free.
+
+Frames are ordered root first. A frame that could not be symbolized still
+names what is known (``libfoo.so+0x1a2b``, ``[unknown]``); a stack that could
+not be captured is a synthetic frame (``[lost stack: collision]``), so no
+sample ever disappears from a profile.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Mapping as MappingABC
+from dataclasses import dataclass, field
+
+
+class FrameKind(enum.StrEnum):
+    USER = "user"             # includes markers inside the user part ([lost user stack])
+    KERNEL = "kernel"         # likewise for the kernel part
+    SYNTHETIC = "synthetic"   # ember's frames outside both parts: thread states
+
+
+@dataclass(frozen=True, slots=True)
+class Mapping:
+    """An object mapped into memory (pprof Mapping)."""
+
+    start: int
+    limit: int
+    offset: int
+    path: str
+    build_id: str = ""
+    has_functions: bool = True
+
+
+KERNEL_MAPPING = Mapping(start=0xFFFF800000000000, limit=0xFFFFFFFFFFFFFFFF, offset=0,
+                         path="[kernel.kallsyms]")
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    name: str
+    kind: FrameKind
+    mapping: Mapping | None = None
+    address: int = 0            # runtime address (0 for synthetic frames)
+    system_name: str = ""       # the raw (mangled) symbol name, when different
+
+    @classmethod
+    def marker(cls, name: str, kind: FrameKind = FrameKind.SYNTHETIC) -> Frame:
+        """A frame ember made up (no address) to keep a sample visible."""
+        return cls(name=name, kind=kind)
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    frames: tuple[Frame, ...]   # root first
+    values: tuple[int, ...]     # one per ProfileType.sample_types
+    pid: int
+    tid: int
+    thread_name: str
+    labels: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class ProfileType:
+    name: str                                  # "cpu", "offcpu"
+    sample_types: tuple[tuple[str, str], ...]  # (type, unit) pairs
+    period_type: tuple[str, str]
+    period: int
+    folded_index: int                          # which value folded output shows
+    folded_scale: int = 1                      # divide that value by this
+
+
+def cpu_type(frequency: int) -> ProfileType:
+    return ProfileType("cpu", (("samples", "count"), ("cpu", "nanoseconds")),
+                       ("cpu", "nanoseconds"), period=1_000_000_000 // frequency,
+                       folded_index=0)
+
+
+OFFCPU_TYPE = ProfileType("offcpu", (("blocks", "count"), ("off_cpu", "nanoseconds")),
+                          ("off_cpu", "nanoseconds"), period=1,
+                          folded_index=1, folded_scale=1000)  # folded: microseconds
+
+
+@dataclass(frozen=True)
+class Profile:
+    type: ProfileType
+    samples: tuple[Sample, ...]
+    start_ns: int                 # wall clock, Unix epoch
+    duration_ns: int
+    labels: MappingABC[str, str] = field(default_factory=dict)
+    comments: tuple[str, ...] = ()
+
+    def total(self, index: int) -> int:
+        return sum(s.values[index] for s in self.samples)
+
+
+def merge_samples(samples: Iterable[Sample]) -> tuple[Sample, ...]:
+    """Sum samples with the same frames, thread and labels."""
+    acc: dict[tuple[object, ...], list[int]] = {}
+    proto: dict[tuple[object, ...], Sample] = {}
+    for s in samples:
+        key = (s.frames, s.pid, s.tid, s.thread_name, s.labels)
+        if key in acc:
+            acc[key] = [a + b for a, b in zip(acc[key], s.values, strict=True)]
+        else:
+            acc[key] = list(s.values)
+            proto[key] = s
+    return tuple(Sample(p.frames, tuple(acc[k]), p.pid, p.tid, p.thread_name, p.labels)
+                 for k, p in proto.items())

@@ -1,0 +1,164 @@
+"""Processes and their memory maps, read from a /proc-like directory.
+
+``ProcFS`` reads the live ``/proc`` or a fixture directory laid out the same
+way (``<pid>/maps``, ``<pid>/stat``, ``<pid>/root/...``), so everything above
+it runs in unit tests without root. ``ProcessTable`` remembers each process's
+maps while it is alive, so samples of a process that exited before the drain
+are still symbolized from the maps it had.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+PF_KTHREAD = 0x00200000
+
+
+@dataclass(frozen=True, slots=True)
+class MapEntry:
+    """One line of /proc/PID/maps."""
+
+    start: int
+    end: int
+    perms: str
+    offset: int
+    dev: str
+    inode: int
+    path: str
+
+    @property
+    def executable(self) -> bool:
+        return "x" in self.perms
+
+    @property
+    def file_backed(self) -> bool:
+        return self.inode != 0 and self.path.startswith("/")
+
+    @property
+    def deleted(self) -> bool:
+        return self.path.endswith(" (deleted)")
+
+
+def parse_maps(text: str) -> list[MapEntry]:
+    """Parse /proc/PID/maps; malformed lines are skipped, not fatal."""
+    entries = []
+    for line in text.splitlines():
+        parts = line.split(None, 5)
+        if len(parts) < 5:
+            continue
+        try:
+            lo, hi = parts[0].split("-", 1)
+            entries.append(MapEntry(
+                start=int(lo, 16), end=int(hi, 16), perms=parts[1], offset=int(parts[2], 16),
+                dev=parts[3], inode=int(parts[4]), path=parts[5] if len(parts) > 5 else "",
+            ))
+        except ValueError:
+            continue
+    entries.sort(key=lambda m: m.start)
+    return entries
+
+
+@dataclass(frozen=True)
+class Process:
+    pid: int
+    start_time: int                 # clock ticks since boot; tells PID reuse apart
+    kernel_thread: bool
+    exe: str | None
+    maps: tuple[MapEntry, ...]
+    _starts: tuple[int, ...] = field(default=(), repr=False, compare=False)
+
+    @classmethod
+    def build(cls, pid: int, start_time: int, kernel_thread: bool, exe: str | None,
+              maps: Iterable[MapEntry]) -> Process:
+        ordered = tuple(sorted(maps, key=lambda m: m.start))
+        return cls(pid, start_time, kernel_thread, exe, ordered, tuple(m.start for m in ordered))
+
+    def find(self, address: int) -> MapEntry | None:
+        i = bisect.bisect_right(self._starts, address) - 1
+        if i >= 0 and address < self.maps[i].end:
+            return self.maps[i]
+        return None
+
+
+def parse_stat(text: str) -> tuple[int, int]:
+    """(flags, starttime) from /proc/PID/stat; comm may contain spaces and ')'."""
+    rest = text[text.rindex(")") + 2:].split()
+    # rest[0] is field 3 (state): flags is field 9, starttime field 22.
+    return int(rest[6]), int(rest[19])
+
+
+class ProcFS:
+    """A /proc tree: the live one, or a fixture directory with the same layout."""
+
+    def __init__(self, root: Path = Path("/proc")):
+        self.root = root
+
+    def read(self, pid: int) -> Process | None:
+        base = self.root / str(pid)
+        try:
+            flags, start_time = parse_stat((base / "stat").read_text())
+            maps_text = (base / "maps").read_text()
+        except (OSError, ValueError, IndexError):
+            return None
+        try:
+            exe: str | None = os.readlink(base / "exe")
+        except OSError:
+            exe = None
+        return Process.build(pid, start_time, bool(flags & PF_KTHREAD), exe, parse_maps(maps_text))
+
+    def object_candidates(self, pid: int, entry: MapEntry) -> list[Path]:
+        """Where the object behind a mapping can be opened, best first: through
+        the process's root (its mount namespace), then map_files (works for
+        deleted files), then the plain path."""
+        path = entry.path.removesuffix(" (deleted)")
+        base = self.root / str(pid)
+        return [base / "root" / path.lstrip("/"),
+                base / "map_files" / f"{entry.start:x}-{entry.end:x}",
+                Path(path)]
+
+
+class ProcessTable:
+    """Maps of the processes seen in recent drains.
+
+    ``refresh`` re-reads the given PIDs (maps change with dlopen and exec). A
+    PID that cannot be read any more keeps the maps it had; ``expire`` forgets
+    entries not refreshed for ``keep_rounds`` rounds, so a drain right after a
+    process exited can still name its frames and the table stays bounded.
+    """
+
+    def __init__(self, procfs: ProcFS | None = None, keep_rounds: int = 3):
+        self.procfs = procfs or ProcFS()
+        self.keep_rounds = keep_rounds
+        self._table: dict[int, tuple[Process, int]] = {}
+        self._round = 0
+
+    def refresh(self, pids: Iterable[int]) -> None:
+        for pid in set(pids):
+            proc = self.procfs.read(pid)
+            if proc is not None:
+                self._table[pid] = (proc, self._round)
+            elif pid in self._table:
+                self._table[pid] = (self._table[pid][0], self._round)
+
+    def expire(self) -> None:
+        """End a round: forget what was not refreshed in the last rounds."""
+        self._round += 1
+        for pid, (_, seen) in list(self._table.items()):
+            if self._round - seen > self.keep_rounds:
+                del self._table[pid]
+
+    def get(self, pid: int) -> Process | None:
+        if pid not in self._table:
+            self.refresh([pid])
+        entry = self._table.get(pid)
+        return entry[0] if entry else None
+
+    def __len__(self) -> int:
+        return len(self._table)

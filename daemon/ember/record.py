@@ -1,0 +1,191 @@
+"""``ember record``: one profiling session from attach to profile.
+
+The controller owns the lifecycle: validate, check the host, compile,
+configure, attach, drain every ``drain_interval`` (so process maps are read
+while processes live and maps never fill), and on stop (duration reached or
+Ctrl-C) detach, drain a last time and return the profile. ``close`` is
+idempotent and runs on every path.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import abi, host
+from .builder import SampleBuilder
+from .drain import Drainer, DrainStats
+from .errors import SymbolizationError, UsageError
+from .ksyms import KernelSymbols
+from .model import OFFCPU_TYPE, Profile, ProfileType, Sample, cpu_type, merge_samples
+from .procmaps import ProcessTable, ProcFS
+from .symbolize import Symbolizer
+from .tracer import Program, offcpu_spec, oncpu_spec, self_tgid
+
+log = logging.getLogger(__name__)
+
+MODES = ("cpu", "offcpu")
+
+
+@dataclass(frozen=True)
+class RecordOptions:
+    mode: str = "cpu"
+    pids: tuple[int, ...] = ()
+    duration: float | None = None
+    frequency: int = 99
+    kernel_stacks: bool = True
+    user_stacks: bool = True
+    min_block_us: int = 1
+    max_block_us: int = 0          # 0: no upper limit
+    state: int | None = None       # bcc offcputime semantics: 0 = runnable only
+    drain_interval: float = 1.0
+    include_self: bool = False
+
+    def validate(self, proc: Path = Path("/proc")) -> None:
+        if self.mode not in MODES:
+            raise UsageError(f"--mode must be one of {', '.join(MODES)}, not {self.mode!r}")
+        if self.duration is not None and self.duration <= 0:
+            raise UsageError(f"--duration must be positive, not {self.duration}")
+        if self.mode == "cpu":
+            limit = max_sample_rate()
+            if not 1 <= self.frequency <= limit:
+                raise UsageError(f"--frequency must be between 1 and {limit} Hz "
+                                 f"(kernel.perf_event_max_sample_rate), not {self.frequency}")
+        if self.min_block_us < 0 or self.max_block_us < 0:
+            raise UsageError("--min-block-us and --max-block-us cannot be negative")
+        if self.max_block_us and self.max_block_us < self.min_block_us:
+            raise UsageError(f"--max-block-us {self.max_block_us} is below "
+                             f"--min-block-us {self.min_block_us}")
+        if self.state is not None and not 0 <= self.state < abi.STATE_RUNNABLE:
+            raise UsageError(f"--state must be a mask below {abi.STATE_RUNNABLE:#x}, "
+                             f"not {self.state}")
+        if not (self.kernel_stacks or self.user_stacks):
+            raise UsageError("at least one of user and kernel stacks is needed")
+        for pid in self.pids:
+            if pid <= 0 or not (proc / str(pid)).is_dir():
+                raise UsageError(f"no process with PID {pid}")
+
+    def state_mask(self) -> int:
+        if self.state is None:
+            return 0
+        return abi.STATE_RUNNABLE if self.state == 0 else self.state
+
+    def profile_type(self) -> ProfileType:
+        return cpu_type(self.frequency) if self.mode == "cpu" else OFFCPU_TYPE
+
+
+def max_sample_rate() -> int:
+    try:
+        return int(Path("/proc/sys/kernel/perf_event_max_sample_rate").read_text())
+    except (OSError, ValueError):
+        return 100000
+
+
+@dataclass
+class RecordStats:
+    drains: int = 0
+    drain: DrainStats = field(default_factory=DrainStats)
+    kernel: dict[str, int] = field(default_factory=dict)
+
+
+class Recorder:
+    def __init__(self, options: RecordOptions, procfs: ProcFS | None = None):
+        self.options = options
+        self.ptype = options.profile_type()
+        self.program: Program | None = None
+        self.stats = RecordStats()
+        self._samples: list[Sample] = []
+        self._closed = False
+        kernel: KernelSymbols | None = None
+        if options.kernel_stacks:
+            try:
+                kernel = KernelSymbols()
+            except SymbolizationError as exc:
+                log.warning("%s", exc)
+        self.symbolizer = Symbolizer(ProcessTable(procfs or ProcFS()), kernel)
+        self.builder = SampleBuilder(self.symbolizer, self.ptype)
+
+    def start(self) -> None:
+        o = self.options
+        host.preflight(tracepoints=o.mode == "offcpu")
+        spec = oncpu_spec() if o.mode == "cpu" else offcpu_spec()
+        self.program = Program(spec)
+        cfg = abi.Config(
+            epoch=0,
+            filter_pids=1 if o.pids else 0,
+            self_tgid=0 if o.include_self else self_tgid(),
+            stack_flags=(abi.STACK_USER if o.user_stacks else 0)
+            | (abi.STACK_KERNEL if o.kernel_stacks else 0),
+            state_mask=o.state_mask(),
+            min_block_ns=o.min_block_us * 1000,
+            max_block_ns=o.max_block_us * 1000,
+        )
+        self.program.configure(cfg)
+        if o.pids:
+            self.program.set_targets(o.pids)
+        self.drainer = Drainer(self.program)
+        self._t0_wall = time.time_ns()
+        self._t0 = time.monotonic_ns()
+        if o.mode == "cpu":
+            self.program.attach_cpu_clock(o.frequency)
+        else:
+            self.program.attach_sched_switch()
+        log.info("recording %s (%s)", o.mode,
+                 f"pids {', '.join(map(str, o.pids))}" if o.pids else "all processes")
+
+    def _absorb(self, final: bool) -> None:
+        assert self.program is not None
+        o = self.options
+        result = self.drainer.drain(final=final, now_ns=time.monotonic_ns() if final else None,
+                                    min_ns=o.min_block_us * 1000, max_ns=o.max_block_us * 1000)
+        self.stats.drains += 1
+        d = self.stats.drain
+        d.records += result.stats.records
+        d.events += result.stats.events
+        d.total_ns += result.stats.total_ns
+        d.stacks_missing += result.stats.stacks_missing
+        d.stacks_truncated += result.stats.stacks_truncated
+        self._samples.extend(self.builder.build(result.records))
+        if len(self._samples) > 50_000:
+            self._samples = list(merge_samples(self._samples))
+
+    def run(self, stop: threading.Event) -> Profile:
+        """Record until the duration passes or ``stop`` is set."""
+        self.start()
+        deadline = (time.monotonic() + self.options.duration
+                    if self.options.duration is not None else None)
+        try:
+            while not stop.is_set():
+                wait = self.options.drain_interval
+                if deadline is not None:
+                    wait = min(wait, deadline - time.monotonic())
+                    if wait <= 0:
+                        break
+                if stop.wait(wait):
+                    break
+                if deadline is None or time.monotonic() < deadline:
+                    self._absorb(final=False)
+            return self.finish()
+        finally:
+            self.close()
+
+    def finish(self) -> Profile:
+        assert self.program is not None
+        self.program.detach()
+        end = time.monotonic_ns()
+        self._absorb(final=True)
+        self.stats.kernel = {s.name.lower(): v for s, v in self.program.stats().items()}
+        comments = (f"ember record --mode {self.options.mode}",)
+        return Profile(self.ptype, merge_samples(self._samples), self._t0_wall, end - self._t0,
+                       labels={"host": os.uname().nodename}, comments=comments)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self.program is not None:
+            self.program.close()

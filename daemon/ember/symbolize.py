@@ -1,0 +1,149 @@
+"""Instruction pointers -> frames: process maps, ELF symbols, kallsyms.
+
+Every address becomes a frame. What cannot be named keeps what is known: the
+object and the address inside it (``libfoo.so+0x1a2b``), or ``[unknown]`` when
+no mapping covers it. ELF symbol tables are parsed once per object (identity:
+device, inode, size, mtime) and kept in an LRU bounded by approximate bytes.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from .demangle import demangle
+from .elfsym import ElfSymbols
+from .errors import ElfError
+from .ksyms import KernelSymbols
+from .model import KERNEL_MAPPING, Frame, FrameKind, Mapping
+from .procmaps import MapEntry, ProcessTable
+
+log = logging.getLogger(__name__)
+
+ObjectKey = tuple[int, int, int, int]  # st_dev, st_ino, st_size, st_mtime_ns
+
+
+@dataclass
+class SymbolizerStats:
+    frames: int = 0
+    unknown_frames: int = 0      # no symbol: named by object+offset or [unknown]
+    cache_hits: int = 0
+    cache_misses: int = 0
+    object_errors: int = 0
+
+
+class ObjectCache:
+    """ELF symbol tables by object identity, least recently used evicted first
+    once their approximate size passes ``max_bytes``. Unreadable objects are
+    remembered too, so a bad file is not re-parsed for every address."""
+
+    def __init__(self, max_bytes: int = 256 << 20):
+        self.max_bytes = max_bytes
+        self._lru: OrderedDict[ObjectKey, ElfSymbols | None] = OrderedDict()
+        self._bytes = 0
+        self.stats = SymbolizerStats()
+
+    def open(self, candidates: Sequence[Path]) -> tuple[ObjectKey | None, ElfSymbols | None]:
+        for path in candidates:
+            try:
+                st = os.stat(path)
+            except OSError:
+                continue
+            key: ObjectKey = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+            if key in self._lru:
+                self._lru.move_to_end(key)
+                self.stats.cache_hits += 1
+                return key, self._lru[key]
+            self.stats.cache_misses += 1
+            try:
+                obj: ElfSymbols | None = ElfSymbols(path)
+            except ElfError as exc:
+                log.debug("%s", exc)
+                self.stats.object_errors += 1
+                obj = None
+            self._insert(key, obj)
+            return key, obj
+        return None, None
+
+    def _insert(self, key: ObjectKey, obj: ElfSymbols | None) -> None:
+        self._lru[key] = obj
+        self._bytes += obj.memory_size() if obj else 64
+        while self._bytes > self.max_bytes and len(self._lru) > 1:
+            _, old = self._lru.popitem(last=False)
+            self._bytes -= old.memory_size() if old else 64
+
+    def __len__(self) -> int:
+        return len(self._lru)
+
+
+class Symbolizer:
+    def __init__(self, processes: ProcessTable, kernel: KernelSymbols | None = None,
+                 objects: ObjectCache | None = None, memo_size: int = 1 << 18):
+        self.processes = processes
+        self.kernel = kernel
+        self.objects = objects or ObjectCache()
+        self.stats = self.objects.stats
+        self._memo: dict[tuple[ObjectKey, int], tuple[str, str] | None] = {}
+        self._memo_size = memo_size
+
+    def user_frames(self, pid: int, ips: Sequence[int]) -> list[Frame]:
+        """Frames for a user stack, in the order given (leaf first). Addresses
+        after the first are return addresses: looked up one byte earlier so a
+        call that ends a function is attributed to its caller correctly."""
+        proc = self.processes.get(pid)
+        frames = []
+        for i, ip in enumerate(ips):
+            self.stats.frames += 1
+            entry = proc.find(ip) if proc else None
+            if entry is None:
+                self.stats.unknown_frames += 1
+                frames.append(Frame("[unknown]", FrameKind.USER, None, ip))
+                continue
+            frames.append(self._user_frame(pid, entry, ip, ip - 1 if i else ip))
+        return frames
+
+    def _user_frame(self, pid: int, entry: MapEntry, ip: int, lookup_ip: int) -> Frame:
+        if not entry.file_backed:
+            self.stats.unknown_frames += 1
+            name = entry.path or "[anon]"
+            return Frame(name, FrameKind.USER, Mapping(entry.start, entry.end, entry.offset, name,
+                                                       has_functions=False), ip)
+        key, obj = self.objects.open(self.processes.procfs.object_candidates(pid, entry))
+        mapping = Mapping(entry.start, entry.end, entry.offset, entry.path,
+                          obj.build_id or "" if obj else "", has_functions=obj is not None)
+        file_offset = lookup_ip - entry.start + entry.offset
+        vaddr = obj.vaddr_of_offset(file_offset) if obj else None
+        sym = None
+        if obj is not None and key is not None and vaddr is not None:
+            mk = (key, vaddr)
+            if mk in self._memo:
+                sym = self._memo[mk]
+            else:
+                hit = obj.lookup(vaddr)
+                sym = (demangle(hit[0]), hit[0]) if hit else None
+                if len(self._memo) >= self._memo_size:
+                    self._memo.clear()
+                self._memo[mk] = sym
+        if sym is None:
+            self.stats.unknown_frames += 1
+            base = os.path.basename(entry.path.removesuffix(" (deleted)"))
+            where = vaddr if vaddr is not None else file_offset
+            return Frame(f"{base}+{where:#x}", FrameKind.USER, mapping, ip)
+        name, raw = sym
+        return Frame(name, FrameKind.USER, mapping, ip, raw if raw != name else "")
+
+    def kernel_frames(self, ips: Sequence[int]) -> list[Frame]:
+        frames = []
+        for i, ip in enumerate(ips):
+            self.stats.frames += 1
+            hit = self.kernel.lookup(ip - 1 if i else ip) if self.kernel else None
+            if hit is None:
+                self.stats.unknown_frames += 1
+                frames.append(Frame("[kernel.kallsyms]", FrameKind.KERNEL, KERNEL_MAPPING, ip))
+            else:
+                frames.append(Frame(hit[0], FrameKind.KERNEL, KERNEL_MAPPING, ip))
+        return frames

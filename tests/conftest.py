@@ -1,0 +1,67 @@
+"""Shared test fixtures: compiled ground-truth programs and the BPF gate.
+
+Tests marked ``bpf`` load real programs into the running kernel. They need
+root; without it they are skipped, unless EMBER_REQUIRE_BPF=1 (what `make
+test` sets as root, so CI cannot silently skip them).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+TESTS = Path(__file__).resolve().parent
+FIXTURES = TESTS / "fixtures"
+BIN = FIXTURES / "bin"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if os.geteuid() == 0:
+        return
+    if os.environ.get("EMBER_REQUIRE_BPF") == "1":
+        return  # let them run and fail loudly
+    skip = pytest.mark.skip(reason="BPF integration tests need root")
+    for item in items:
+        if "bpf" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def fixture_bin() -> Path:
+    subprocess.run(["make", "-s", "-C", str(FIXTURES)], check=True)
+    return BIN
+
+
+class Workload:
+    def __init__(self, proc: subprocess.Popen[str]):
+        self.proc = proc
+        line = proc.stdout.readline() if proc.stdout else ""
+        if not line.startswith("ready "):
+            proc.kill()
+            raise RuntimeError(f"workload did not start: {line!r}")
+        self.pid = int(line.split()[1])
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+
+
+@pytest.fixture
+def start_workload(fixture_bin: Path) -> Iterator[object]:
+    started: list[Workload] = []
+
+    def start(name: str, seconds: float = 30) -> Workload:
+        proc = subprocess.Popen([str(fixture_bin / name), str(seconds)],
+                                stdout=subprocess.PIPE, text=True)
+        w = Workload(proc)
+        started.append(w)
+        return w
+
+    yield start
+    for w in started:
+        w.stop()
