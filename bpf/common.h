@@ -14,6 +14,9 @@ BPF_ARRAY(ember_config, struct ember_config, 1);
 BPF_HASH(ember_targets, u32, u8, EMBER_TARGET_ENTRIES);
 BPF_PERCPU_ARRAY(ember_stats, u64, EMBER_STAT_MAX);
 BPF_HASH(ember_counts, struct ember_key, struct ember_value, EMBER_COUNT_ENTRIES);
+/* Processes active since the daemon last looked (tgid -> first event time):
+ * the daemon reads their maps while they are alive, then deletes the entry. */
+BPF_HASH(ember_pids, u32, u64, EMBER_PID_ENTRIES);
 
 static __always_inline void ember_stat_add(u32 idx, u64 n)
 {
@@ -36,6 +39,15 @@ static __always_inline bool ember_wanted(const struct ember_config *cfg, u32 tgi
     if (cfg->filter_pids && !ember_targets.lookup(&tgid))
         return false;
     return true;
+}
+
+static __always_inline void ember_note_pid(u32 tgid)
+{
+    if (ember_pids.lookup(&tgid))
+        return;
+    u64 now = bpf_ktime_get_ns();
+    if (ember_pids.update(&tgid, &now))
+        ember_stat_add(EMBER_STAT_PIDS_FULL, 1);
 }
 
 /* Add one event to the counts of key. */

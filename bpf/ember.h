@@ -27,6 +27,9 @@
 #ifndef EMBER_TARGET_ENTRIES
 #define EMBER_TARGET_ENTRIES 4096
 #endif
+#ifndef EMBER_PID_ENTRIES
+#define EMBER_PID_ENTRIES 8192
+#endif
 /* How many stack maps rotate with the epoch (see daemon/ember/drain.py). */
 #ifndef EMBER_STACK_GENERATIONS
 #define EMBER_STACK_GENERATIONS 2
@@ -71,6 +74,7 @@ enum ember_stat {
     EMBER_STAT_BELOW_MIN,             /* off-CPU blocks shorter than min */
     EMBER_STAT_ABOVE_MAX,             /* off-CPU blocks longer than max */
     EMBER_STAT_STATE_FILTERED,        /* off-CPU switch-outs of other states */
+    EMBER_STAT_PIDS_FULL,             /* ember_pids full: maps read at drain only */
     EMBER_STAT_MAX,
 };
 

@@ -52,6 +52,7 @@ int ember_sched_switch(struct tracepoint__sched__sched_switch *args)
                                  &start.kernel_stack_id, &start.unwinder);
             if (ember_starts.update(&tid, &start))
                 ember_stat_add(EMBER_STAT_THREADS_FULL, 1);
+            ember_note_pid(tgid);
         }
     }
 

@@ -23,6 +23,7 @@ int ember_on_cpu(struct bpf_perf_event_data *ctx)
         return 0;
     }
     ember_stat_add(EMBER_STAT_EVENTS, 1);
+    ember_note_pid(tgid);
 
     struct ember_key key = {};
     key.pid = tgid;

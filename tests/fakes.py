@@ -40,7 +40,7 @@ class FakeProgram:
     def _count(self, key: abi.Key, ns: int) -> None:
         raw = bytes(key)
         if raw in self.counts_:
-            k, v = self.counts_[raw]
+            _, v = self.counts_[raw]
             v.count += 1
             v.total_ns += ns
         else:

@@ -7,12 +7,11 @@ from collections import Counter
 from collections.abc import Callable
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
 from ember import abi
 from ember.drain import STACK_MISSING, Drainer, Record
 from fakes import FakeProgram, NoGrace
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 STACKS = [(0x1000 + i, 0x2000 + i * 7, 0x3000) for i in range(6)]
 KSTACKS = [(0xFFFFFFFF81000000 + i,) for i in range(3)]
@@ -198,8 +197,10 @@ def test_oncpu_conservation_any_interleaving(program: list[tuple[int | str, ...]
 
     for op in program:
         if op[0] == "sample":
-            ev = (lambda tid=int(op[1]), u=STACKS[int(op[2])], k=KSTACKS[int(op[3])]:
-                  sample(tid, u, k))
+            def ev(tid: int = int(op[1]), u: tuple[int, ...] = STACKS[int(op[2])],
+                   k: tuple[int, ...] = KSTACKS[int(op[3])]) -> None:
+                sample(tid, u, k)
+
             schedule(fake, int(op[2]) % 3, ev)  # before, during or after a flip
         elif op[0] == "drain":
             records += d.drain().records

@@ -139,11 +139,7 @@ class StackMap(BpfMap):
         if value is None:
             return None
         ips = list(value)
-        try:
-            ips = ips[: ips.index(0)]
-        except ValueError:
-            pass
-        return tuple(ips)
+        return tuple(ips[: ips.index(0)] if 0 in ips else ips)
 
     def clear(self) -> int:
         ids = [ct.c_uint32(k.value) for k in self.keys()]

@@ -17,6 +17,7 @@ from .drain import (
 from .model import Frame, FrameKind, ProfileType, Sample
 from .symbolize import Symbolizer
 
+
 def _lost(part: str, problem: str) -> Frame:
     kind = FrameKind.USER if part == "user" else FrameKind.KERNEL
     if problem == STACK_COLLISION:

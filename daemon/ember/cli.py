@@ -82,29 +82,46 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _check_output(path: str | None) -> None:
+    """Fail before profiling, not after, when the output cannot be written."""
     if path is None:
         return
     p = Path(path)
-    if p.is_dir():
-        raise OutputError(f"cannot write {path}: it is a directory")
-    parent = p.parent if str(p.parent) else Path(".")
-    if not parent.is_dir():
-        raise OutputError(f"cannot write {path}: directory {parent} does not exist")
-    if p.exists() and not os.access(p, os.W_OK) or not os.access(parent, os.W_OK):
-        raise OutputError(f"cannot write {path}: permission denied")
+    try:
+        if p.is_dir():
+            raise OutputError(f"cannot write {path}: it is a directory")
+        if p.exists() and not p.is_file():  # a device or FIFO: written in place
+            if not os.access(p, os.W_OK):
+                raise OutputError(f"cannot write {path}: permission denied")
+            return
+        parent = p.parent
+        if not parent.is_dir():
+            raise OutputError(f"cannot write {path}: directory {parent} does not exist")
+        if (p.exists() and not os.access(p, os.W_OK)) or not os.access(parent, os.W_OK):
+            raise OutputError(f"cannot write {path}: permission denied")
+    except OSError as exc:
+        raise OutputError(f"cannot write {path}: {exc.strerror}") from exc
 
 
 def _write(path: str | None, data: bytes) -> None:
+    """Write the profile: regular files atomically (temporary file + rename),
+    so a reader never sees half a profile; devices and FIFOs in place."""
     if path is None:
         sys.stdout.buffer.write(data)
         sys.stdout.flush()
         return
-    tmp = Path(f"{path}.tmp{os.getpid()}")
+    p = Path(path)
     try:
-        tmp.write_bytes(data)
-        tmp.replace(path)
+        if p.exists() and not p.is_file():
+            with open(p, "wb") as f:
+                f.write(data)
+            return
+        tmp = p.with_name(f".{p.name}.tmp{os.getpid()}")
+        try:
+            tmp.write_bytes(data)
+            tmp.replace(p)
+        finally:
+            tmp.unlink(missing_ok=True)
     except OSError as exc:
-        tmp.unlink(missing_ok=True)
         raise OutputError(f"cannot write {path}: {exc.strerror}") from exc
 
 

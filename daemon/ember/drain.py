@@ -180,11 +180,11 @@ class Drainer:
             if s.stack_epoch > e - self._keep:
                 continue
             for sid in (s.user_stack_id, s.kernel_stack_id):
-                if sid < 0 or (s.stack_epoch, sid) in new_carried:
+                ref = (s.stack_epoch, sid)
+                if sid < 0 or ref in new_carried:
                     continue
-                key = (s.stack_epoch, sid)
-                new_carried[key] = (from_map(*key) if s.stack_epoch in in_map
-                                    else self.carried.get(key))
+                new_carried[ref] = (from_map(*ref) if s.stack_epoch in in_map
+                                    else self.carried.get(ref))
         lookup_carried = {**self.carried, **new_carried}
 
         # 1-2. flip, then wait until nothing writes epoch e any more.
@@ -201,10 +201,7 @@ class Drainer:
                 return Stack(problem=STACK_UNAVAILABLE)
             if sid < 0:
                 return Stack(problem=STACK_ERROR)
-            if se in in_map:
-                ips = from_map(se, sid)
-            else:
-                ips = lookup_carried.get((se, sid))
+            ips = from_map(se, sid) if se in in_map else lookup_carried.get((se, sid))
             if ips is None:
                 result.stats.stacks_missing += 1
                 return Stack(problem=STACK_MISSING)

@@ -9,7 +9,8 @@ sample ever disappears from a profile.
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Mapping as MappingABC
+from collections.abc import Iterable
+from collections.abc import Mapping as MappingABC
 from dataclasses import dataclass, field
 
 

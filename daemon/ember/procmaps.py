@@ -107,11 +107,15 @@ class ProcFS:
             maps_text = (base / "maps").read_text()
         except (OSError, ValueError, IndexError):
             return None
+        kernel_thread = bool(flags & PF_KTHREAD)
+        maps = parse_maps(maps_text)
+        if not maps and not kernel_thread:
+            return None  # a zombie or an exiting process: its maps are gone
         try:
             exe: str | None = os.readlink(base / "exe")
         except OSError:
             exe = None
-        return Process.build(pid, start_time, bool(flags & PF_KTHREAD), exe, parse_maps(maps_text))
+        return Process.build(pid, start_time, kernel_thread, exe, maps)
 
     def object_candidates(self, pid: int, entry: MapEntry) -> list[Path]:
         """Where the object behind a mapping can be opened, best first: through
@@ -146,6 +150,10 @@ class ProcessTable:
                 self._table[pid] = (proc, self._round)
             elif pid in self._table:
                 self._table[pid] = (self._table[pid][0], self._round)
+
+    def discover(self, pids: Iterable[int]) -> None:
+        """Read the maps of PIDs not in the table yet (cheap to call often)."""
+        self.refresh(pid for pid in pids if pid not in self._table)
 
     def expire(self) -> None:
         """End a round: forget what was not refreshed in the last rounds."""

@@ -43,6 +43,7 @@ class RecordOptions:
     max_block_us: int = 0          # 0: no upper limit
     state: int | None = None       # bcc offcputime semantics: 0 = runnable only
     drain_interval: float = 1.0
+    maps_interval: float = 0.1     # how often new processes' maps are read
     include_self: bool = False
 
     def validate(self, proc: Path = Path("/proc")) -> None:
@@ -100,18 +101,17 @@ class Recorder:
         self.stats = RecordStats()
         self._samples: list[Sample] = []
         self._closed = False
-        kernel: KernelSymbols | None = None
-        if options.kernel_stacks:
-            try:
-                kernel = KernelSymbols()
-            except SymbolizationError as exc:
-                log.warning("%s", exc)
-        self.symbolizer = Symbolizer(ProcessTable(procfs or ProcFS()), kernel)
+        self.symbolizer = Symbolizer(ProcessTable(procfs or ProcFS()))
         self.builder = SampleBuilder(self.symbolizer, self.ptype)
 
     def start(self) -> None:
         o = self.options
         host.preflight(tracepoints=o.mode == "offcpu")
+        if o.kernel_stacks:
+            try:
+                self.symbolizer.kernel = KernelSymbols()
+            except SymbolizationError as exc:
+                log.warning("%s", exc)
         spec = oncpu_spec() if o.mode == "cpu" else offcpu_spec()
         self.program = Program(spec)
         cfg = abi.Config(
@@ -137,10 +137,10 @@ class Recorder:
         log.info("recording %s (%s)", o.mode,
                  f"pids {', '.join(map(str, o.pids))}" if o.pids else "all processes")
 
-    def _absorb(self, final: bool) -> None:
+    def _absorb(self, final: bool, end_ns: int | None = None) -> None:
         assert self.program is not None
         o = self.options
-        result = self.drainer.drain(final=final, now_ns=time.monotonic_ns() if final else None,
+        result = self.drainer.drain(final=final, now_ns=end_ns,
                                     min_ns=o.min_block_us * 1000, max_ns=o.max_block_us * 1000)
         self.stats.drains += 1
         d = self.stats.drain
@@ -154,30 +154,43 @@ class Recorder:
             self._samples = list(merge_samples(self._samples))
 
     def run(self, stop: threading.Event) -> Profile:
-        """Record until the duration passes or ``stop`` is set."""
-        self.start()
-        deadline = (time.monotonic() + self.options.duration
-                    if self.options.duration is not None else None)
+        """Record until the duration passes or ``stop`` is set (starting first
+        unless ``start`` was called already)."""
+        if self.program is None:
+            self.start()
+        assert self.program is not None
+        o = self.options
+        now = time.monotonic()
+        deadline = now + o.duration if o.duration is not None else None
+        next_drain = now + o.drain_interval
         try:
-            while not stop.is_set():
-                wait = self.options.drain_interval
-                if deadline is not None:
-                    wait = min(wait, deadline - time.monotonic())
-                    if wait <= 0:
-                        break
-                if stop.wait(wait):
+            while True:
+                now = time.monotonic()
+                wake = min(next_drain, now + o.maps_interval,
+                           deadline if deadline is not None else next_drain)
+                if stop.wait(max(0.0, wake - now)):
                     break
-                if deadline is None or time.monotonic() < deadline:
+                now = time.monotonic()
+                if deadline is not None and now >= deadline:
+                    break
+                # Read the maps of processes seen since the last look while
+                # they are alive: a process may exit before the next drain.
+                self.symbolizer.processes.discover(self.program.take_active_pids())
+                if now >= next_drain:
                     self._absorb(final=False)
+                    next_drain = now + o.drain_interval
             return self.finish()
         finally:
             self.close()
 
     def finish(self) -> Profile:
         assert self.program is not None
-        self.program.detach()
+        # The window ends now, before detaching: a thread blocked at this
+        # moment is charged up to here, not for whatever it did after the
+        # programs stopped seeing it.
         end = time.monotonic_ns()
-        self._absorb(final=True)
+        self.program.detach()
+        self._absorb(final=True, end_ns=end)
         self.stats.kernel = {s.name.lower(): v for s, v in self.program.stats().items()}
         comments = (f"ember record --mode {self.options.mode}",)
         return Profile(self.ptype, merge_samples(self._samples), self._t0_wall, end - self._t0,

@@ -119,6 +119,7 @@ class Program:
         self.stack_maps = [StackMap(f"ember_stacks_{i}", self._fd(f"ember_stacks_{i}"),
                                     self._max("ember_stacks_0"))
                            for i in range(self.generations)]
+        self.pids_map = self._map("ember_pids", ct.c_uint64, key=ct.c_uint32)
         self.starts_map = (self._map("ember_starts", abi.Start, key=ct.c_uint32)
                            if "offcpu" in spec.source else None)
         self._attached = False
@@ -126,7 +127,7 @@ class Program:
     # -- map plumbing --
     def _table(self, name: str) -> Any:
         try:
-            return self.bpf.get_table(name)
+            return self.bpf.get_table(name.encode())
         except KeyError as exc:
             raise BpfError(f"map {name} missing from {self.spec.source}") from exc
 
@@ -205,7 +206,8 @@ class Program:
     def starts(self) -> Sequence[tuple[int, abi.Start]]:
         if self.starts_map is None:
             return []
-        return [(int(k), v) for k, v in self.starts_map.lookup_batch()]  # c_uint32 arrays index to int
+        # a c_uint32 array indexes to int
+        return [(int(k), v) for k, v in self.starts_map.lookup_batch()]
 
     def stack(self, slot: int, stack_id: int) -> tuple[int, ...] | None:
         return self.stack_maps[slot].read(stack_id)
@@ -216,6 +218,12 @@ class Program:
     def stats(self) -> dict[abi.Stat, int]:
         values = self.stats_map.read_all()
         return {s: values[int(s)] for s in abi.Stat}
+
+    def take_active_pids(self) -> list[int]:
+        """Processes with events since the last call (the entries are consumed)."""
+        entries = self.pids_map.lookup_batch()
+        self.pids_map.delete_batch([ct.c_uint32(int(k)) for k, _ in entries])
+        return [int(k) for k, _ in entries]
 
     def program_ids(self) -> list[int]:
         """Kernel program ids, for BPF run-time statistics."""

@@ -1,0 +1,79 @@
+"""On-CPU sampling on the real kernel against programs with known shares."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from ember.record import Recorder, RecordOptions
+
+from .helpers import inclusive, record, where
+
+pytestmark = pytest.mark.bpf
+
+DURATION = 4.0
+FREQ = 999
+
+
+def test_function_shares_within_two_points(start_workload) -> None:  # type: ignore[no-untyped-def]
+    w = start_workload("cpu_shares")
+    profile, rec = record(RecordOptions(pids=(w.pid,), duration=DURATION, frequency=FREQ))
+    mine = where(profile, lambda s: s.pid == w.pid)
+    assert len(mine) == len(profile.samples), "the PID filter let other processes through"
+    total = sum(s.values[0] for s in mine)
+    # one thread at 100% of a CPU: about DURATION * FREQ samples
+    assert 0.85 * DURATION * FREQ <= total <= 1.05 * DURATION * FREQ
+    shares = inclusive(mine, ["work_a", "work_b", "work_c", "spin", "main"], 0)
+    assert abs(shares["work_a"] - 35) <= 2, shares
+    assert abs(shares["work_b"] - 50) <= 2, shares
+    assert abs(shares["work_c"] - 15) <= 2, shares
+    assert shares["main"] >= 99 and shares["spin"] >= 98, shares
+    # cpu/nanoseconds = samples x period
+    assert all(s.values[1] == s.values[0] * profile.type.period for s in mine)
+    # everything the kernel counted was drained, exactly once
+    assert rec.stats.drain.events == rec.stats.kernel["counted"]
+    assert rec.stats.kernel["counts_full"] == 0
+    assert rec.stats.drains >= 4
+
+
+def test_cpp_names_demangled(start_workload) -> None:  # type: ignore[no-untyped-def]
+    w = start_workload("cpp_names")
+    profile, _ = record(RecordOptions(pids=(w.pid,), duration=2, frequency=499,
+                                      kernel_stacks=False))
+    names = {f.name for s in profile.samples for f in s.frames}
+    assert "ember_test::Accumulator<unsigned long>::operator()(unsigned long)" in names
+    assert "ember_test::Accumulator<unsigned long>::operator+=(unsigned long)" in names
+    assert ("void ember_test::detail::churn<unsigned long>"
+            "(ember_test::Accumulator<unsigned long>&)") in names
+    raw = {f.system_name for s in profile.samples for f in s.frames}
+    assert "_ZN10ember_test11AccumulatorImEclEm" in raw
+    # no kernel frames were asked for
+    assert all(f.kind != "kernel" for s in profile.samples for f in s.frames)
+
+
+def test_pie_and_shared_library_named(start_workload) -> None:  # type: ignore[no-untyped-def]
+    w = start_workload("pie_main")
+    profile, _ = record(RecordOptions(pids=(w.pid,), duration=2, frequency=499))
+    by_name = {f.name: f for s in profile.samples for f in s.frames}
+    for fn, obj in [("lib_spin", "libember_demo.so"), ("lib_burn", "libember_demo.so"),
+                    ("exe_burn", "pie_main"), ("main", "pie_main")]:
+        assert fn in by_name, sorted(by_name)
+        mapping = by_name[fn].mapping
+        assert mapping is not None and mapping.path.endswith(obj)
+        assert mapping.build_id
+    shares = inclusive(profile.samples, ["lib_burn", "exe_burn"], 0)
+    assert shares["lib_burn"] > shares["exe_burn"] > 20
+
+
+def test_process_that_exits_before_the_drain_is_named(start_workload) -> None:  # type: ignore[no-untyped-def]
+    """cpu_shares 0.5 exits after about a second (alarm); the only drain is
+    after that, so only the maps read while it lived can name its frames."""
+    recorder = Recorder(RecordOptions(duration=3, frequency=499, drain_interval=10))
+    recorder.start()  # attached: compiling takes longer than the process lives
+    w = start_workload("cpu_shares", seconds=0.5)
+    profile = recorder.run(threading.Event())
+    assert w.proc.wait(timeout=5) != 0  # killed by SIGALRM long before the drain
+    mine = where(profile, lambda s: s.pid == w.pid)
+    assert mine, "no samples of the short-lived process"
+    shares = inclusive(mine, ["work_b", "main"], 0)
+    assert shares["main"] > 95 and abs(shares["work_b"] - 50) < 10, shares

@@ -1,0 +1,92 @@
+"""`ember record` as a user runs it: real BPF, real output files."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ember.encode.folded import parse_folded
+from ember.encode.pprof import decode_pprof
+
+pytestmark = pytest.mark.bpf
+
+EMBER = [sys.executable, "-m", "ember.cli"]
+
+
+def test_folded_with_delimiter(start_workload, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    w = start_workload("offcpu_waits")
+    out = tmp_path / "off.folded"
+    r = subprocess.run([*EMBER, "record", "--mode", "offcpu", "--pid", str(w.pid),
+                        "--duration", "2", "-d", "-o", str(out)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    folded = parse_folded(out.read_text())
+    waiter = {k: v for k, v in folded.items() if k.startswith("waiter;")}
+    assert waiter
+    for stack in waiter:
+        frames = stack.split(";")
+        # thread; user frames; -; kernel frames; state
+        assert "-" in frames and frames.index("wait_epoll" if "wait_epoll" in frames
+                                              else "wait_sleep") < frames.index("-")
+        assert frames.index("-") < frames.index("schedule")
+        assert frames[-1] == "[sleeping]"
+    # microseconds: about 2 s in total
+    assert 1.7e6 <= sum(waiter.values()) <= 2.2e6
+    assert "blocks" in r.stderr
+
+
+@pytest.mark.skipif(not shutil.which("go"), reason="go (golang-go) not installed")
+def test_pprof_read_by_go_tool_pprof(start_workload, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    w = start_workload("pie_main")
+    out = tmp_path / "cpu.pb.gz"
+    r = subprocess.run([*EMBER, "record", "--pid", str(w.pid), "--duration", "2",
+                        "--frequency", "499", "--format", "pprof", "-o", str(out)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    p = decode_pprof(out.read_bytes())
+    s = p.string_table
+    assert s[0] == "" and [s[t.type] for t in p.sample_type] == ["samples", "cpu"]
+    assert p.period == 1_000_000_000 // 499
+    for kind in (p.mapping, p.location, p.function):
+        assert [x.id for x in kind] == list(range(1, len(kind) + 1))
+    assert all(len(x.value) == 2 and x.value[1] == x.value[0] * p.period for x in p.sample)
+    assert {s[f.name] for f in p.function} >= {"lib_burn", "exe_burn", "main"}
+    env = {**os.environ, "HOME": str(tmp_path), "GOCACHE": str(tmp_path / "gocache"),
+           "GOFLAGS": "-mod=mod", "PPROF_TMPDIR": str(tmp_path)}
+    top = subprocess.run(["go", "tool", "pprof", "-top", "-sample_index=samples", str(out)],
+                         capture_output=True, text=True, timeout=120, env=env)
+    assert top.returncode == 0, top.stderr
+    assert "lib_spin" in top.stdout and "exe_burn" in top.stdout, top.stdout
+    assert "Type: samples" in top.stdout
+
+
+def test_ctrl_c_still_writes(start_workload, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    w = start_workload("cpu_shares")
+    out = tmp_path / "cpu.folded"
+    proc = subprocess.Popen([*EMBER, "record", "--pid", str(w.pid), "-o", str(out)],
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        time.sleep(0.5)
+        if any("ember_on_cpu" in line for line in
+               Path("/proc/kallsyms").read_text().splitlines()[-2000:]):
+            break
+    time.sleep(2)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    folded = parse_folded(out.read_text())
+    assert sum(v for k, v in folded.items() if "work_b" in k) > 50
+
+
+def test_programs_compile_with_warnings_as_errors() -> None:
+    from ember.tracer import Program, offcpu_spec, oncpu_spec
+    for spec in (oncpu_spec(), offcpu_spec()):
+        Program(spec, strict=True).close()

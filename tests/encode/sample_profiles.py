@@ -1,0 +1,44 @@
+"""Small hand-made profiles shared by the encoder tests."""
+
+from __future__ import annotations
+
+from ember.model import (
+    KERNEL_MAPPING,
+    OFFCPU_TYPE,
+    Frame,
+    FrameKind,
+    Mapping,
+    Profile,
+    Sample,
+    cpu_type,
+)
+
+EXE = Mapping(0x400000, 0x401000, 0, "/usr/bin/app", "abcd")
+LIB = Mapping(0x7F0000000000, 0x7F0000100000, 0x1000, "/lib/libfoo.so")
+
+MAIN = Frame("main", FrameKind.USER, EXE, 0x400100)
+WORK = Frame("ns::Box<int>::operator()(int) const", FrameKind.USER, EXE, 0x400200,
+             "_ZNK2ns3BoxIiEclEi")
+LIBF = Frame("libfoo.so+0x1a2b", FrameKind.USER, LIB, 0x7F0000000A2B)
+SYSCALL = Frame("entry_SYSCALL_64", FrameKind.KERNEL, KERNEL_MAPPING, 0xFFFFFFFF81000010)
+SCHED = Frame("schedule", FrameKind.KERNEL, KERNEL_MAPPING, 0xFFFFFFFF81000100)
+LOST_K = Frame.marker("[lost kernel stack: collision]", FrameKind.KERNEL)
+
+
+def cpu_profile() -> Profile:
+    return Profile(cpu_type(100), (
+        Sample((MAIN, WORK), (7, 70_000_000), 10, 11, "app"),
+        Sample((MAIN, WORK), (3, 30_000_000), 10, 12, "app"),        # another thread
+        Sample((MAIN, LIBF, SYSCALL), (2, 20_000_000), 10, 11, "app"),
+        Sample((MAIN, LOST_K), (1, 10_000_000), 10, 11, "app"),
+    ), start_ns=1_700_000_000_000_000_000, duration_ns=5_000_000_000)
+
+
+def offcpu_profile() -> Profile:
+    sleeping = Frame.marker("[sleeping]")
+    return Profile(OFFCPU_TYPE, (
+        Sample((MAIN, WORK, SYSCALL, SCHED, sleeping), (4, 40_000_123), 10, 11, "app",
+               (("thread_state", "sleeping"),)),
+        Sample((SCHED, Frame.marker("[runnable]")), (1, 2_500), 20, 20, "kworker/0:1",
+               (("thread_state", "runnable"),)),
+    ), start_ns=1_700_000_000_000_000_000, duration_ns=5_000_000_000)

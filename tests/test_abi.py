@@ -1,0 +1,54 @@
+"""bpf/ember.h and ember.abi agree on every struct layout and constant."""
+
+from __future__ import annotations
+
+import ctypes as ct
+import json
+import subprocess
+from pathlib import Path
+
+from ember import abi
+from ember.tracer import bpf_source_dir
+
+
+def c_layout(tmp_path: Path) -> dict[str, object]:
+    lines = ['#include <linux/types.h>', '#include <stdio.h>', '#include <stddef.h>',
+             '#include "ember.h"', "int main(void) {", 'printf("{");']
+    for cname, struct in abi.STRUCTS.items():
+        lines.append(f'printf("\\"{cname}\\": {{\\"size\\": %zu", sizeof(struct {cname}));')
+        for fname, _ in struct._fields_:
+            lines.append(f'printf(", \\"{fname}\\": %zu", offsetof(struct {cname}, {fname}));')
+        lines.append('printf("}, ");')
+    for name in abi.CONSTANTS:
+        lines.append(f'printf("\\"{name}\\": %lld, ", (long long)({name}));')
+    lines += ['printf("\\"end\\": 0}\\n");', "return 0; }"]
+    src = tmp_path / "layout.c"
+    src.write_text("\n".join(lines))
+    exe = tmp_path / "layout"
+    subprocess.run(["cc", "-Wall", "-Werror", f"-I{bpf_source_dir()}", "-o", str(exe), str(src)],
+                   check=True)
+    out = subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout
+    return json.loads(out)  # type: ignore[no-any-return]
+
+
+def test_structs_and_constants_match(tmp_path: Path) -> None:
+    c = c_layout(tmp_path)
+    for cname, struct in abi.STRUCTS.items():
+        layout = c[cname]
+        assert isinstance(layout, dict)
+        assert layout["size"] == ct.sizeof(struct), cname
+        for fname, _ in struct._fields_:
+            assert layout[fname] == getattr(struct, fname).offset, f"{cname}.{fname}"
+    for name, value in abi.CONSTANTS.items():
+        assert c[name] == value, name
+
+
+def test_stat_names_are_complete() -> None:
+    assert abi.STAT_MAX == len(abi.Stat) == max(abi.Stat) + 1
+
+
+def test_state_names() -> None:
+    assert abi.state_name(abi.STATE_RUNNABLE) == "runnable"
+    assert abi.state_name(abi.STATE_UNINTERRUPTIBLE) == "disk-sleep"
+    assert abi.state_name(0x3) == "sleeping+disk-sleep"
+    assert abi.state_name(0x200) == "state-0x200"

@@ -1,0 +1,114 @@
+"""ELF symbol tables of the compiled fixtures, checked against binutils' nm,
+and malformed input: a precise ElfError, never a crash."""
+
+from __future__ import annotations
+
+import random
+import subprocess
+from pathlib import Path
+
+import pytest
+from ember.elfsym import ElfSymbols
+from ember.errors import ElfError
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+
+def nm_sized(path: Path) -> dict[str, tuple[int, int]]:
+    """Function symbols as binutils sees them: name -> (address, size)."""
+    out = subprocess.run(["nm", "-S", "--defined-only", str(path)], check=True,
+                         capture_output=True, text=True).stdout
+    syms = {}
+    for line in out.splitlines():
+        parts = line.split()
+        if len(parts) == 4 and parts[2] in "tT":
+            syms[parts[3]] = (int(parts[0], 16), int(parts[1], 16))
+        elif len(parts) == 3 and parts[1] in "tT":
+            syms[parts[2]] = (int(parts[0], 16), 0)
+    return syms
+
+
+def nm(path: Path) -> dict[str, int]:
+    return {name: addr for name, (addr, _) in nm_sized(path).items()}
+
+
+@pytest.mark.parametrize("name", ["cpu_shares", "pie_main", "libember_demo.so", "cpp_names"])
+def test_every_function_found_at_its_address(fixture_bin: Path, name: str) -> None:
+    path = fixture_bin / name
+    elf = ElfSymbols(path)
+    assert elf.symbol_source == ".symtab"
+    truth = nm_sized(path)
+    checked = 0
+    for sym, (addr, size) in truth.items():
+        hit = elf.lookup(addr)
+        assert hit is not None, sym
+        assert hit[1] == 0
+        if hit[0] == sym:
+            checked += 1
+        if size > 1:
+            assert elf.lookup(addr + size // 2) == (hit[0], size // 2), sym
+    assert checked >= len(truth) * 0.9  # aliases resolve to one of their names
+
+
+def test_build_id_and_segments(fixture_bin: Path) -> None:
+    elf = ElfSymbols(fixture_bin / "pie_main")
+    readelf = subprocess.run(["readelf", "-n", str(fixture_bin / "pie_main")], check=True,
+                             capture_output=True, text=True).stdout
+    assert elf.build_id and elf.build_id in readelf
+    assert any(s.executable for s in elf.segments)
+    text = next(s for s in elf.segments if s.executable)
+    assert elf.vaddr_of_offset(text.offset + 0x10) == text.vaddr + 0x10
+
+
+def test_dynsym_fallback(tmp_path: Path, fixture_bin: Path) -> None:
+    stripped = tmp_path / "lib.so"
+    subprocess.run(["strip", "-o", str(stripped), str(fixture_bin / "libember_demo.so")],
+                   check=True)
+    elf = ElfSymbols(stripped)
+    assert elf.symbol_source == ".dynsym"
+    assert elf.lookup(nm(fixture_bin / "libember_demo.so")["lib_burn"]) == ("lib_burn", 0)
+
+
+def test_missing_file() -> None:
+    with pytest.raises(ElfError, match="cannot read"):
+        ElfSymbols("/nonexistent/libfoo.so")
+
+
+def test_truncated_and_random(tmp_path: Path, fixture_bin: Path) -> None:
+    data = (fixture_bin / "pie_main").read_bytes()
+    for i, blob in enumerate([data[:64], data[:1000], b"\x7fELF" + b"\0" * 60,
+                              random.Random(1).randbytes(4096), b""]):
+        p = tmp_path / f"bad{i}"
+        p.write_bytes(blob)
+        with pytest.raises(ElfError, match="malformed ELF"):
+            ElfSymbols(p)
+
+
+def test_corrupted_section_headers(tmp_path: Path, fixture_bin: Path) -> None:
+    data = bytearray((fixture_bin / "pie_main").read_bytes())
+    data[0x28:0x30] = (len(data) + 4096).to_bytes(8, "little")  # e_shoff past the end
+    p = tmp_path / "bad"
+    p.write_bytes(bytes(data))
+    with pytest.raises(ElfError):
+        ElfSymbols(p)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_fuzz_mutated_elf(tmp_path_factory: pytest.TempPathFactory, data: st.DataObject) -> None:
+    """Any mutation of a real object gives symbols or an ElfError, nothing else."""
+    blob = bytearray((Path(__file__).parent / "fixtures" / "bin" / "libember_demo.so")
+                     .read_bytes())
+    for _ in range(data.draw(st.integers(1, 8))):
+        pos = data.draw(st.integers(0, len(blob) - 1))
+        blob[pos] = data.draw(st.integers(0, 255))
+    if data.draw(st.booleans()):
+        blob = blob[: data.draw(st.integers(0, len(blob)))]
+    p = tmp_path_factory.mktemp("fuzz") / "obj"
+    p.write_bytes(bytes(blob))
+    try:
+        elf = ElfSymbols(p)
+    except ElfError:
+        return
+    elf.lookup(0x1000)
+    elf.vaddr_of_offset(0x1000)

@@ -1,0 +1,71 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+from ember.procmaps import PF_KTHREAD, ProcessTable, ProcFS, parse_maps, parse_stat
+
+MAPS = """\
+55d0c8a00000-55d0c8a01000 r--p 00000000 08:01 1234                       /usr/bin/app
+55d0c8a01000-55d0c8a02000 r-xp 00001000 08:01 1234                       /usr/bin/app
+7f1e2a000000-7f1e2a1d5000 r-xp 00026000 08:01 99                         /lib/libc.so.6 (deleted)
+7ffd1c5e0000-7ffd1c601000 rw-p 00000000 00:00 0                          [stack]
+garbage line
+7ffd1c7f2000-7ffd1c7f4000 r-xp 00000000 00:00 0                          [vdso]
+"""
+
+
+def write_proc(root: Path, pid: int, maps: str, comm: str = "app", flags: int = 0) -> None:
+    d = root / str(pid)
+    d.mkdir(parents=True)
+    (d / "maps").write_text(maps)
+    fields = ["S", "1", "1", "1", "0", "-1", str(flags)] + ["0"] * 12 + ["4242"] + ["0"] * 30
+    (d / "stat").write_text(f"{pid} ({comm}) " + " ".join(fields))
+
+
+def test_parse_maps() -> None:
+    entries = parse_maps(MAPS)
+    assert len(entries) == 5
+    text = entries[1]
+    assert (text.start, text.end, text.offset, text.inode) == (0x55D0C8A01000, 0x55D0C8A02000,
+                                                              0x1000, 1234)
+    assert text.executable and text.file_backed and not text.deleted
+    assert entries[2].deleted and entries[2].file_backed
+    assert not entries[3].file_backed and entries[4].path == "[vdso]"
+
+
+def test_parse_stat_comm_with_parens_and_spaces() -> None:
+    fields = ["R", "1", "1", "1", "0", "-1", str(PF_KTHREAD)] + ["0"] * 12 + ["777"] + ["0"] * 5
+    flags, start = parse_stat("12 (we ird) (x) " + " ".join(fields))
+    assert flags == PF_KTHREAD and start == 777
+
+
+def test_procfs_fixture_and_find(tmp_path: Path) -> None:
+    write_proc(tmp_path, 10, MAPS)
+    write_proc(tmp_path, 2, "", comm="kworker/0:1", flags=PF_KTHREAD)
+    fs = ProcFS(tmp_path)
+    p = fs.read(10)
+    assert p is not None and not p.kernel_thread and p.start_time == 4242
+    m = p.find(0x55D0C8A01800)
+    assert m is not None and m.path == "/usr/bin/app"
+    assert p.find(0x1000) is None and p.find(0x55D0C8A02000) is None
+    k = fs.read(2)
+    assert k is not None and k.kernel_thread and k.maps == ()
+    assert fs.read(99) is None
+    write_proc(tmp_path, 3, "")  # a zombie: stat but no maps
+    assert fs.read(3) is None
+    cands = fs.object_candidates(10, p.maps[2])
+    assert cands[0] == tmp_path / "10/root/lib/libc.so.6"
+    assert cands[1] == tmp_path / "10/map_files/7f1e2a000000-7f1e2a1d5000"
+
+
+def test_table_remembers_exited_processes(tmp_path: Path) -> None:
+    write_proc(tmp_path, 10, MAPS)
+    table = ProcessTable(ProcFS(tmp_path), keep_rounds=2)
+    table.refresh([10])
+    (tmp_path / "10" / "maps").unlink()  # the process exits
+    table.refresh([10])
+    assert table.get(10) is not None
+    for _ in range(3):
+        table.expire()
+    assert len(table) == 0
+    assert table.get(10) is None

@@ -1,0 +1,98 @@
+"""User and kernel frames from a fixture /proc and from a live process."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+from ember.elfsym import ElfSymbols
+from ember.model import FrameKind
+from ember.procmaps import ProcessTable, ProcFS
+from ember.symbolize import ObjectCache, Symbolizer
+from test_elfsym import nm
+from test_procmaps import write_proc
+
+PIE_BASE = 0x55D0C8A00000
+LIB_BASE = 0x7F1E2A000000
+
+
+def maps_lines(path: Path, base: int) -> list[str]:
+    """The lines the kernel would write for an object mapped at base."""
+    lines = []
+    for seg in ElfSymbols(path).segments:
+        start = base + (seg.vaddr & ~0xFFF)
+        end = base + ((seg.vaddr + seg.memsz + 0xFFF) & ~0xFFF)
+        perms = "r-xp" if seg.executable else "r--p"
+        lines.append(f"{start:x}-{end:x} {perms} {seg.offset & ~0xFFF:08x} 08:01 77 {path}")
+    return lines
+
+
+def fixture_proc(tmp_path: Path, fixture_bin: Path) -> ProcFS:
+    maps = (maps_lines(fixture_bin / "pie_main", PIE_BASE)
+            + maps_lines(fixture_bin / "libember_demo.so", LIB_BASE)
+            + [f"{0x7FFD00000000:x}-{0x7FFD00002000:x} r-xp 00000000 00:00 0 [vdso]"])
+    write_proc(tmp_path, 42, "\n".join(maps) + "\n")
+    return ProcFS(tmp_path)
+
+
+def test_pie_and_shared_library(tmp_path: Path, fixture_bin: Path) -> None:
+    sym = Symbolizer(ProcessTable(fixture_proc(tmp_path, fixture_bin)))
+    exe, lib = nm(fixture_bin / "pie_main"), nm(fixture_bin / "libember_demo.so")
+    ips = [LIB_BASE + lib["lib_spin"] + 5, LIB_BASE + lib["lib_burn"] + 9,
+           PIE_BASE + exe["main"] + 30, 0x7FFD00000010, 0x10]
+    frames = sym.user_frames(42, ips)
+    assert [f.name for f in frames[:3]] == ["lib_spin", "lib_burn", "main"]
+    assert frames[0].mapping is not None and frames[0].mapping.path.endswith("libember_demo.so")
+    assert frames[2].mapping is not None and frames[2].mapping.path.endswith("pie_main")
+    assert frames[0].mapping.build_id == ElfSymbols(fixture_bin / "libember_demo.so").build_id
+    assert frames[3].name == "[vdso]" and frames[4].name == "[unknown]"
+    assert all(f.kind == FrameKind.USER for f in frames)
+    assert sym.stats.unknown_frames == 2
+
+
+def test_return_addresses_looked_up_one_byte_earlier(tmp_path: Path, fixture_bin: Path) -> None:
+    sym = Symbolizer(ProcessTable(fixture_proc(tmp_path, fixture_bin)))
+    exe = nm(fixture_bin / "pie_main")
+    # the first address past exe_burn belongs to the next function as a leaf,
+    # but as a return address (not the first frame) it is a call in exe_burn.
+    after = sorted(a for a in exe.values() if a > exe["exe_burn"])[0]
+    leaf, caller = sym.user_frames(42, [PIE_BASE + after, PIE_BASE + after])
+    assert caller.name == "exe_burn" and leaf.name != "exe_burn"
+
+
+def test_unreadable_object_keeps_its_name(tmp_path: Path, fixture_bin: Path) -> None:
+    bad = tmp_path / "libbroken.so"
+    bad.write_bytes(b"\x7fELF" + b"\xff" * 200)
+    write_proc(tmp_path, 7, f"7f0000000000-7f0000010000 r-xp 00002000 08:01 5 {bad}\n")
+    sym = Symbolizer(ProcessTable(ProcFS(tmp_path)), objects=ObjectCache())
+    [f] = sym.user_frames(7, [0x7F0000000100])
+    assert f.name == "libbroken.so+0x2100"
+    assert sym.stats.object_errors == 1
+    sym.user_frames(7, [0x7F0000000200])
+    assert sym.stats.object_errors == 1  # the failure is cached, not retried
+
+
+def test_cache_is_bounded(tmp_path: Path, fixture_bin: Path) -> None:
+    cache = ObjectCache(max_bytes=1)
+    for name in ("pie_main", "libember_demo.so", "cpu_shares"):
+        cache.open([fixture_bin / name])
+    assert len(cache) == 1
+
+
+def test_live_process(fixture_bin: Path) -> None:
+    """A real process: maps from the live /proc, addresses from nm plus the
+    load base the kernel chose."""
+    proc = subprocess.Popen([str(fixture_bin / "pie_main"), "5"], stdout=subprocess.PIPE,
+                            text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().startswith("ready")
+        table = ProcessTable()
+        p = table.get(proc.pid)
+        assert p is not None
+        base = min(m.start for m in p.maps if m.path.endswith("/pie_main"))
+        exe = nm(fixture_bin / "pie_main")
+        [f] = Symbolizer(table).user_frames(proc.pid, [base + exe["exe_burn"] + 4])
+        assert f.name == "exe_burn"
+    finally:
+        proc.kill()
+        proc.wait()
