@@ -7,11 +7,12 @@ from collections import Counter
 from collections.abc import Callable
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from ember import abi
 from ember.drain import STACK_MISSING, Drainer, Record
 from fakes import FakeProgram, NoGrace
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 STACKS = [(0x1000 + i, 0x2000 + i * 7, 0x3000) for i in range(6)]
 KSTACKS = [(0xFFFFFFFF81000000 + i,) for i in range(3)]

@@ -8,10 +8,11 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from ember.elfsym import ElfSymbols
-from ember.errors import ElfError
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
+from ember.elfsym import ElfSymbols
+from ember.errors import ElfError
 
 
 def nm_sized(path: Path) -> dict[str, tuple[int, int]]:

@@ -3,6 +3,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from ember.errors import SymbolizationError
 from ember.ksyms import KernelSymbols
 

@@ -87,8 +87,11 @@ class Symbolizer:
         self.kernel = kernel
         self.objects = objects or ObjectCache()
         self.stats = self.objects.stats
-        self._memo: dict[tuple[ObjectKey, int], tuple[str, str] | None] = {}
+        self._memo: dict[tuple[ObjectKey, int], tuple[str, str, int] | None] = {}
         self._memo_size = memo_size
+        # (pid, mapping) -> its object, so an address costs no stat() call.
+        self._objects_of: dict[tuple[int, MapEntry], tuple[ObjectKey | None, ElfSymbols | None]] \
+            = {}
 
     def user_frames(self, pid: int, ips: Sequence[int]) -> list[Frame]:
         """Frames for a user stack, in the order given (leaf first). Addresses
@@ -106,34 +109,55 @@ class Symbolizer:
             frames.append(self._user_frame(pid, entry, ip, ip - 1 if i else ip))
         return frames
 
+    def _object(self, pid: int, entry: MapEntry) -> tuple[ObjectKey | None, ElfSymbols | None]:
+        k = (pid, entry)
+        hit = self._objects_of.get(k)
+        if hit is None:
+            if len(self._objects_of) >= self._memo_size:
+                self._objects_of.clear()
+            hit = self._objects_of[k] = self.objects.open(
+                self.processes.procfs.object_candidates(pid, entry))
+        else:
+            self.stats.cache_hits += 1
+        return hit
+
+    def lookup(self, pid: int, entry: MapEntry, address: int) -> tuple[str, str, int] | None:
+        """(demangled name, raw name, offset into the function) of a runtime
+        address inside entry, or None."""
+        key, obj = self._object(pid, entry)
+        if obj is None or key is None:
+            return None
+        vaddr = obj.vaddr_of_offset(address - entry.start + entry.offset)
+        if vaddr is None:
+            return None
+        mk = (key, vaddr)
+        if mk in self._memo:
+            return self._memo[mk]
+        hit = obj.lookup(vaddr)
+        sym = (demangle(hit[0]), hit[0], hit[1]) if hit else None
+        if len(self._memo) >= self._memo_size:
+            self._memo.clear()
+        self._memo[mk] = sym
+        return sym
+
     def _user_frame(self, pid: int, entry: MapEntry, ip: int, lookup_ip: int) -> Frame:
         if not entry.file_backed:
             self.stats.unknown_frames += 1
             name = entry.path or "[anon]"
             return Frame(name, FrameKind.USER, Mapping(entry.start, entry.end, entry.offset, name,
                                                        has_functions=False), ip)
-        key, obj = self.objects.open(self.processes.procfs.object_candidates(pid, entry))
+        _, obj = self._object(pid, entry)
         mapping = Mapping(entry.start, entry.end, entry.offset, entry.path,
-                          obj.build_id or "" if obj else "", has_functions=obj is not None)
-        file_offset = lookup_ip - entry.start + entry.offset
-        vaddr = obj.vaddr_of_offset(file_offset) if obj else None
-        sym = None
-        if obj is not None and key is not None and vaddr is not None:
-            mk = (key, vaddr)
-            if mk in self._memo:
-                sym = self._memo[mk]
-            else:
-                hit = obj.lookup(vaddr)
-                sym = (demangle(hit[0]), hit[0]) if hit else None
-                if len(self._memo) >= self._memo_size:
-                    self._memo.clear()
-                self._memo[mk] = sym
+                          (obj.build_id or "") if obj else "", has_functions=obj is not None)
+        sym = self.lookup(pid, entry, lookup_ip)
         if sym is None:
             self.stats.unknown_frames += 1
             base = os.path.basename(entry.path.removesuffix(" (deleted)"))
+            file_offset = lookup_ip - entry.start + entry.offset
+            vaddr = obj.vaddr_of_offset(file_offset) if obj else None
             where = vaddr if vaddr is not None else file_offset
             return Frame(f"{base}+{where:#x}", FrameKind.USER, mapping, ip)
-        name, raw = sym
+        name, raw, _ = sym
         return Frame(name, FrameKind.USER, mapping, ip, raw if raw != name else "")
 
     def kernel_frames(self, ips: Sequence[int]) -> list[Frame]:

@@ -6,6 +6,7 @@ import subprocess
 import time
 
 import pytest
+
 from ember.record import RecordOptions
 
 from .helpers import inclusive, record, where

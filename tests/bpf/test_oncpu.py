@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 
 import pytest
+
 from ember.record import Recorder, RecordOptions
 
 from .helpers import inclusive, record, where

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from ember.encode.folded import encode_folded, parse_folded
 
 from .sample_profiles import cpu_profile, offcpu_profile

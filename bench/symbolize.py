@@ -1,0 +1,100 @@
+#!/usr/bin/env python3
+"""Symbolization speed: ember's Symbolizer against bcc's BPF.sym on the same
+addresses of the same live process, cold (fresh caches) and warm (second
+pass), as addresses per second and ratios.
+
+The process is tests/fixtures/bin/cpp_names (executable, libstdc++, libc,
+libm, libgcc_s); the addresses are random points inside random functions of
+its executable mappings, taken from the objects' own symbol tables.
+
+    .venv/bin/python bench/symbolize.py [--addresses 20000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import subprocess
+import time
+
+from common import ROOT, need_root
+from ember.elfsym import ElfSymbols
+from ember.procmaps import ProcessTable
+from ember.symbolize import Symbolizer
+
+
+def addresses(pid: int, n: int, rng: random.Random) -> list[int]:
+    proc = ProcessTable().get(pid)
+    assert proc is not None
+    pool = []
+    for m in proc.maps:
+        if not (m.executable and m.file_backed):
+            continue
+        elf = ElfSymbols(m.path)
+        for start, end in zip(elf._starts, elf._ends, strict=True):
+            off = None
+            for seg in elf.segments:
+                if seg.executable and seg.vaddr <= start < seg.vaddr + seg.filesz:
+                    off = start - seg.vaddr + seg.offset
+            if off is None or not m.offset <= off < m.offset + (m.end - m.start):
+                continue
+            pool.append((m.start + off - m.offset, max(1, end - start)))
+    picks = [rng.choice(pool) for _ in range(n)]
+    return [base + rng.randrange(size) for base, size in picks]
+
+
+def rate(fn, addrs: list[int]) -> float:  # type: ignore[no-untyped-def]
+    t0 = time.perf_counter()
+    fn(addrs)
+    return len(addrs) / (time.perf_counter() - t0)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--addresses", type=int, default=20_000)
+    args = ap.parse_args()
+    need_root()
+    from bcc import BPF
+
+    proc = subprocess.Popen([str(ROOT / "tests/fixtures/bin/cpp_names"), "120"],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().startswith("ready")
+        pid = proc.pid
+        addrs = addresses(pid, args.addresses, random.Random(7))
+        sym = Symbolizer(ProcessTable())
+
+        def ember_pass(a: list[int]) -> None:
+            # one leaf-first call per address: no return-address adjustment
+            for x in a:
+                sym.user_frames(pid, [x])
+
+        def bcc_pass(a: list[int]) -> None:
+            for x in a:
+                BPF.sym(x, pid, show_module=True)
+
+        ember_cold, ember_warm = rate(ember_pass, addrs), rate(ember_pass, addrs)
+        bcc_cold, bcc_warm = rate(bcc_pass, addrs), rate(bcc_pass, addrs)
+        # sanity: both name the same function (bcc may pick another alias,
+        # e.g. libc's __GI_* names from libc6-dbg): compare offsets into it
+        table = sym.processes.get(pid)
+        assert table is not None
+        same = 0
+        for x in addrs[:2000]:
+            entry = table.find(x)
+            ours = sym.lookup(pid, entry, x) if entry else None
+            theirs = BPF.sym(x, pid, show_offset=True, demangle=False).decode()
+            if ours and "+0x" in theirs and int(theirs.rsplit("+", 1)[1], 16) == ours[2]:
+                same += 1
+    finally:
+        proc.kill()
+        proc.wait()
+    print(f"{len(addrs)} addresses in {pid}'s executable mappings")
+    print(f"ember cold {ember_cold:10.0f}/s   warm {ember_warm:10.0f}/s")
+    print(f"bcc   cold {bcc_cold:10.0f}/s   warm {bcc_warm:10.0f}/s")
+    print(f"ratio ember/bcc: cold {ember_cold / bcc_cold:.2f}x, warm {ember_warm / bcc_warm:.2f}x")
+    print(f"same function (offset into it) as bcc for {same} of 2000 checked")
+
+
+if __name__ == "__main__":
+    main()
