@@ -22,7 +22,8 @@ fixtures:
 
 # Regenerate the protobuf modules (grpcio-tools is pinned in pyproject.toml).
 proto: $(SETUP_STAMP)
-	cd daemon && ../$(PY) -m grpc_tools.protoc -I. --python_out=. --pyi_out=. ember/proto/*.proto
+	cd daemon && ../$(PY) -m grpc_tools.protoc -I. --python_out=. --pyi_out=. \
+		--grpc_python_out=. ember/proto/*.proto
 
 lint: $(SETUP_STAMP)
 	$(VENV)/bin/ruff check daemon tests bench

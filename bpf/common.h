@@ -12,6 +12,7 @@
 
 BPF_ARRAY(ember_config, struct ember_config, 1);
 BPF_HASH(ember_targets, u32, u8, EMBER_TARGET_ENTRIES);
+BPF_HASH(ember_cgroups, u64, u8, EMBER_CGROUP_ENTRIES);
 BPF_PERCPU_ARRAY(ember_stats, u64, EMBER_STAT_MAX);
 BPF_HASH(ember_counts, struct ember_key, struct ember_value, EMBER_COUNT_ENTRIES);
 /* Processes active since the daemon last looked (tgid -> first event time):
@@ -36,9 +37,16 @@ static __always_inline bool ember_wanted(const struct ember_config *cfg, u32 tgi
 {
     if (cfg->self_tgid && tgid == cfg->self_tgid)
         return false;
-    if (cfg->filter_pids && !ember_targets.lookup(&tgid))
-        return false;
-    return true;
+    if (!cfg->filter)
+        return true;
+    if ((cfg->filter & EMBER_FILTER_PIDS) && ember_targets.lookup(&tgid))
+        return true;
+    if (cfg->filter & EMBER_FILTER_CGROUPS) {
+        u64 cgroup = bpf_get_current_cgroup_id();
+        if (ember_cgroups.lookup(&cgroup))
+            return true;
+    }
+    return false;
 }
 
 static __always_inline void ember_note_pid(u32 tgid)

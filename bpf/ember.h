@@ -27,6 +27,9 @@
 #ifndef EMBER_TARGET_ENTRIES
 #define EMBER_TARGET_ENTRIES 4096
 #endif
+#ifndef EMBER_CGROUP_ENTRIES
+#define EMBER_CGROUP_ENTRIES 4096
+#endif
 #ifndef EMBER_PID_ENTRIES
 #define EMBER_PID_ENTRIES 8192
 #endif
@@ -34,6 +37,11 @@
 #ifndef EMBER_STACK_GENERATIONS
 #define EMBER_STACK_GENERATIONS 2
 #endif
+
+/* ember_config.filter: which target rules apply (a process matching any
+ * applied rule is profiled; no rule: every process). */
+#define EMBER_FILTER_PIDS 0x1
+#define EMBER_FILTER_CGROUPS 0x2
 
 /* ember_config.stack_flags */
 #define EMBER_STACK_USER 0x1
@@ -81,7 +89,7 @@ enum ember_stat {
 /* ember_config[0]: written by the daemon, read by every program run. */
 struct ember_config {
     __u32 epoch;        /* counts generation; the daemon increments it */
-    __u32 filter_pids;  /* 1: only processes in ember_targets */
+    __u32 filter;       /* EMBER_FILTER_*: ember_targets, ember_cgroups */
     __u32 self_tgid;    /* never profile this process (0: none) */
     __u32 stack_flags;  /* EMBER_STACK_USER | EMBER_STACK_KERNEL */
     __u32 state_mask;   /* off-CPU: record only these states (0: all) */

@@ -12,6 +12,9 @@ import enum
 COMM_LEN = 16
 MAX_STACK_DEPTH = 127
 
+FILTER_PIDS = 0x1
+FILTER_CGROUPS = 0x2
+
 STACK_USER = 0x1
 STACK_KERNEL = 0x2
 STACK_NONE = -1000
@@ -35,6 +38,7 @@ DEFAULT_DEFINES = {
     "EMBER_COUNT_ENTRIES": 16384,
     "EMBER_THREAD_ENTRIES": 32768,
     "EMBER_TARGET_ENTRIES": 4096,
+    "EMBER_CGROUP_ENTRIES": 4096,
     "EMBER_PID_ENTRIES": 8192,
     "EMBER_STACK_GENERATIONS": 2,
 }
@@ -67,7 +71,7 @@ STAT_MAX = len(Stat)
 class Config(ct.Structure):
     _fields_ = [
         ("epoch", ct.c_uint32),
-        ("filter_pids", ct.c_uint32),
+        ("filter", ct.c_uint32),
         ("self_tgid", ct.c_uint32),
         ("stack_flags", ct.c_uint32),
         ("state_mask", ct.c_uint32),
@@ -121,6 +125,8 @@ STRUCTS: dict[str, type[ct.Structure]] = {
 CONSTANTS: dict[str, int] = {
     "EMBER_COMM_LEN": COMM_LEN,
     "EMBER_MAX_STACK_DEPTH": MAX_STACK_DEPTH,
+    "EMBER_FILTER_PIDS": FILTER_PIDS,
+    "EMBER_FILTER_CGROUPS": FILTER_CGROUPS,
     "EMBER_STACK_USER": STACK_USER,
     "EMBER_STACK_KERNEL": STACK_KERNEL,
     "EMBER_STACK_NONE": STACK_NONE,

@@ -5,6 +5,7 @@ subcommand, and turns ember's errors into one-line messages and exit codes
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import signal
@@ -78,6 +79,46 @@ def build_parser() -> argparse.ArgumentParser:
                           "(preempted) only, as in bcc's offcputime")
     rec.add_argument("--include-self", action="store_true", help="profile ember itself too")
     rec.set_defaults(func=cmd_record)
+
+    ag = sub.add_parser("agent", help="profile continuously and ship to a collector",
+                        description="Profile on-CPU and off-CPU continuously; ship pprof "
+                                    "profiles to a collector over gRPC (Parca WriteRaw).")
+    ag.add_argument("--config", help="YAML config file (see config/ember.yaml)")
+    ag.add_argument("--collector", help="collector gRPC address HOST:PORT")
+    ag.add_argument("--interval", help="drain and ship interval, e.g. 10s")
+    ag.add_argument("--pid", type=_int, action="append", default=[],
+                    help="profile only this process (repeatable)")
+    ag.add_argument("--metrics-listen", help="HOST:PORT for /metrics, /healthz, /readyz")
+    ag.add_argument("--spool-dir", help="directory of the on-disk spool")
+    ag.add_argument("--frequency", type=_int, help="on-CPU samples per second per CPU")
+    ag.set_defaults(func=cmd_agent)
+
+    co = sub.add_parser("collector", help="receive, store and serve profiles",
+                        description="Receive WriteRaw over gRPC, store in SQLite, "
+                                    "answer queries over HTTP.")
+    co.add_argument("--config", help="YAML config file (see config/ember.yaml)")
+    co.add_argument("--grpc-listen", help="HOST:PORT for gRPC WriteRaw")
+    co.add_argument("--http-listen", help="HOST:PORT for the HTTP query API")
+    co.add_argument("--storage", help="SQLite database file")
+    co.add_argument("--allow-public", action="store_true",
+                    help="listen beyond loopback without a token")
+    co.set_defaults(func=cmd_collector)
+
+    qu = sub.add_parser("query", help="fetch a merged profile from a collector")
+    qu.add_argument("--collector", required=True, help="collector HTTP URL, e.g. "
+                    "http://127.0.0.1:7072")
+    qu.add_argument("--since", default="1h", help="how far back (default 1h)")
+    qu.add_argument("--match", action="append", default=[], metavar="LABEL=VALUE",
+                    help="label matcher (repeatable)")
+    qu.add_argument("--type", default="cpu", help="cpu, offcpu, or a stored type name")
+    qu.add_argument("--format", choices=("folded", "pprof", "json"), default="folded")
+    qu.add_argument("--output", "-o", default=None)
+    qu.add_argument("--token-file", help="file with the collector's bearer token")
+    qu.add_argument("--ca", help="CA certificate (PEM) for an https collector")
+    qu.set_defaults(func=cmd_query)
+
+    ref = sub.add_parser("config-reference", help="print the configuration reference")
+    ref.set_defaults(func=cmd_config_reference)
     return parser
 
 
@@ -165,6 +206,116 @@ def cmd_record(args: argparse.Namespace) -> int:
           f"{s.drains} drains"
           + (f"; truncated stacks: {s.drain.stacks_truncated}" if s.drain.stacks_truncated else "")
           + (f"; dropped: {lost}" if lost else ""), file=sys.stderr)
+    return 0
+
+
+def _events() -> tuple[threading.Event, threading.Event]:
+    """SIGTERM/SIGINT set stop; SIGHUP sets reload."""
+    stop, reload = threading.Event(), threading.Event()
+
+    def on_stop(signum: int, _frame: FrameType | None) -> None:
+        log.info("stopping (%s)", signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGINT, on_stop)
+    signal.signal(signal.SIGTERM, on_stop)
+    signal.signal(signal.SIGHUP, lambda *_: reload.set())
+    return stop, reload
+
+
+def cmd_agent(args: argparse.Namespace) -> int:
+    from . import config
+    from .agent import Agent
+
+    cfg = config.load(args.config)
+    targets = cfg.agent.targets
+    if args.pid:
+        for pid in args.pid:
+            if pid <= 0 or not Path(f"/proc/{pid}").is_dir():
+                raise UsageError(f"no process with PID {pid}")
+        targets = config.override(targets, pids=tuple(args.pid))
+    try:
+        agent_cfg = config.override(
+            cfg.agent, targets=targets,
+            collector=config.parse_hostport(args.collector) if args.collector else None,
+            interval=config.parse_duration(args.interval) if args.interval else None,
+            metrics_listen=(config.parse_hostport(args.metrics_listen)
+                            if args.metrics_listen else None),
+            spool_dir=args.spool_dir, frequency=args.frequency)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if not 1 <= agent_cfg.interval <= 3600:
+        raise UsageError(f"--interval must be between 1s and 1h, not {args.interval}")
+    stop, reload = _events()
+    agent = Agent(agent_cfg, config_path=args.config)
+    agent.run(stop, reload)
+    return 0
+
+
+def cmd_collector(args: argparse.Namespace) -> int:
+    from . import config
+    from .collector import Collector
+
+    cfg = config.load(args.config)
+    try:
+        co = config.override(
+            cfg.collector,
+            grpc_listen=config.parse_hostport(args.grpc_listen) if args.grpc_listen else None,
+            http_listen=config.parse_hostport(args.http_listen) if args.http_listen else None,
+            storage=args.storage)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    stop, _reload = _events()
+    collector = Collector(co, allow_public=args.allow_public)
+    collector.start()
+    print(f"ember collector: gRPC {co.grpc_listen}, HTTP http://{co.http_listen}, "
+          f"storage {co.storage}", file=sys.stderr, flush=True)
+    collector.wait(stop)
+    return 0
+
+
+def cmd_query(args: argparse.Namespace) -> int:
+    import ssl
+    import urllib.error
+    import urllib.parse
+    import urllib.request
+
+    params = [("since", args.since), ("type", args.type), ("format", args.format)]
+    params += [("match", m) for m in args.match]
+    for m in args.match:
+        if "=" not in m:
+            raise UsageError(f"--match must be LABEL=VALUE, not {m!r}")
+    url = f"{args.collector.rstrip('/')}/api/v1/profile?{urllib.parse.urlencode(params)}"
+    headers = {}
+    if args.token_file:
+        try:
+            headers["Authorization"] = f"Bearer {Path(args.token_file).read_text().strip()}"
+        except OSError as exc:
+            raise UsageError(f"{args.token_file}: {exc.strerror}") from exc
+    context = ssl.create_default_context(cafile=args.ca) if args.ca else None
+    if args.output:
+        _check_output(args.output)
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers),
+                                    timeout=60, context=context) as resp:
+            data = resp.read()
+    except urllib.error.HTTPError as exc:
+        try:
+            msg = json.loads(exc.read()).get("error", exc.reason)
+        except ValueError:
+            msg = exc.reason
+        raise EmberError(f"collector answered {exc.code}: {msg}") from None
+    except (urllib.error.URLError, OSError) as exc:
+        raise EmberError(f"cannot reach {args.collector}: {getattr(exc, 'reason', exc)}") \
+            from None
+    _write(args.output, data)
+    return 0
+
+
+def cmd_config_reference(args: argparse.Namespace) -> int:
+    from .config import reference
+
+    sys.stdout.write(reference())
     return 0
 
 

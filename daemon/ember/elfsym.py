@@ -28,6 +28,7 @@ SHN_UNDEF = 0
 PT_LOAD = 1
 PF_X = 1
 _SYM64 = struct.Struct("<IBBHQQ")
+_ELF_TYPES = {"ET_REL": 1, "ET_EXEC": 2, "ET_DYN": 3, "ET_CORE": 4}
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,7 +69,7 @@ class ElfSymbols:
         from elftools.elf.elffile import ELFFile
 
         elf = ELFFile(f)
-        self.elf_type = elf.header["e_type"]
+        self.elf_type: int = _ELF_TYPES.get(elf.header["e_type"], 0)
         self.segments: tuple[Segment, ...] = tuple(
             Segment(s["p_offset"], s["p_vaddr"], s["p_filesz"], s["p_memsz"],
                     bool(s["p_flags"] & PF_X))
@@ -110,6 +111,10 @@ class ElfSymbols:
 
     def __len__(self) -> int:
         return len(self._starts)
+
+    @property
+    def text_segment(self) -> Segment | None:
+        return next((s for s in self.segments if s.executable), None)
 
     def vaddr_of_offset(self, offset: int) -> int | None:
         """ELF virtual address of a file offset, through the PT_LOAD headers."""

@@ -30,6 +30,10 @@ class Mapping:
     path: str
     build_id: str = ""
     has_functions: bool = True
+    # ELF facts Parca's WriteRaw wants per mapping (ExecutableInfo); 0 = unknown
+    elf_type: int = 0           # ET_EXEC 2, ET_DYN 3
+    load_offset: int = 0        # file offset of the executable PT_LOAD
+    load_vaddr: int = 0         # its virtual address
 
 
 KERNEL_MAPPING = Mapping(start=0xFFFF800000000000, limit=0xFFFFFFFFFFFFFFFF, offset=0,

@@ -116,7 +116,7 @@ class Recorder:
         self.program = Program(spec)
         cfg = abi.Config(
             epoch=0,
-            filter_pids=1 if o.pids else 0,
+            filter=abi.FILTER_PIDS if o.pids else 0,
             self_tgid=0 if o.include_self else self_tgid(),
             stack_flags=(abi.STACK_USER if o.user_stacks else 0)
             | (abi.STACK_KERNEL if o.kernel_stacks else 0),

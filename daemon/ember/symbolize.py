@@ -147,8 +147,12 @@ class Symbolizer:
             return Frame(name, FrameKind.USER, Mapping(entry.start, entry.end, entry.offset, name,
                                                        has_functions=False), ip)
         _, obj = self._object(pid, entry)
+        text = obj.text_segment if obj else None
         mapping = Mapping(entry.start, entry.end, entry.offset, entry.path,
-                          (obj.build_id or "") if obj else "", has_functions=obj is not None)
+                          (obj.build_id or "") if obj else "", has_functions=obj is not None,
+                          elf_type=obj.elf_type if obj else 0,
+                          load_offset=text.offset if text else 0,
+                          load_vaddr=text.vaddr if text else 0)
         sym = self.lookup(pid, entry, lookup_ip)
         if sym is None:
             self.stats.unknown_frames += 1

@@ -114,6 +114,7 @@ class Program:
             raise BpfError(f"compiling {spec.source} failed: {exc}") from exc
         self.config_map = self._map("ember_config", abi.Config)
         self.targets_map = self._map("ember_targets", ct.c_uint8, key=ct.c_uint32)
+        self.cgroups_map = self._map("ember_cgroups", ct.c_uint8, key=ct.c_uint64)
         self.counts_map = self._map("ember_counts", abi.Value, key=abi.Key)
         self.stats_map = PerCpuArray("ember_stats", self._fd("ember_stats"), abi.STAT_MAX)
         self.stack_maps = [StackMap(f"ember_stacks_{i}", self._fd(f"ember_stacks_{i}"),
@@ -150,12 +151,10 @@ class Program:
         return cfg  # type: ignore[no-any-return]
 
     def set_targets(self, pids: Iterable[int]) -> None:
-        wanted = set(pids)
-        for key in list(self.targets_map.keys()):
-            if key.value not in wanted:
-                self.targets_map.delete(ct.c_uint32(key.value))
-        for pid in wanted:
-            self.targets_map.update(ct.c_uint32(pid), ct.c_uint8(1))
+        _sync_set(self.targets_map, set(pids), ct.c_uint32)
+
+    def set_cgroups(self, cgroup_ids: Iterable[int]) -> None:
+        _sync_set(self.cgroups_map, set(cgroup_ids), ct.c_uint64)
 
     # -- attach --
     def attach_cpu_clock(self, frequency: int) -> None:
@@ -225,15 +224,32 @@ class Program:
         self.pids_map.delete_batch([ct.c_uint32(int(k)) for k, _ in entries])
         return [int(k) for k, _ in entries]
 
-    def program_ids(self) -> list[int]:
-        """Kernel program ids, for BPF run-time statistics."""
-        ids = []
+    def run_stats(self) -> tuple[int, int]:
+        """(run_time_ns, run_cnt) of this object's programs, from the kernel's
+        BPF statistics (zero unless kernel.bpf_stats_enabled=1)."""
+        t = n = 0
         for fn in self.bpf.funcs.values():
-            info = Path(f"/proc/self/fdinfo/{fn.fd}")
-            for line in info.read_text().splitlines() if info.exists() else []:
-                if line.startswith("prog_id:"):
-                    ids.append(int(line.split()[1]))
-        return ids
+            try:
+                text = Path(f"/proc/self/fdinfo/{fn.fd}").read_text()
+            except OSError:
+                continue
+            for line in text.splitlines():
+                key, _, value = line.partition(":")
+                if key == "run_time_ns":
+                    t += int(value)
+                elif key == "run_cnt":
+                    n += int(value)
+        return t, n
+
+
+def _sync_set(m: BpfMap, wanted: set[int], ctype: Any) -> None:
+    """Make a key -> 1 map hold exactly the wanted keys (adds first, so a key
+    kept across the update is never missing)."""
+    for key in wanted:
+        m.update(ctype(key), ct.c_uint8(1))
+    for key in list(m.keys()):
+        if key.value not in wanted:
+            m.delete(ctype(key.value))
 
 
 def self_tgid() -> int:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import gzip
 
-from ..model import Frame, Mapping, Profile
+from ..model import KERNEL_MAPPING, Frame, FrameKind, Mapping, Profile, ProfileType, Sample
 from ..proto import profile_pb2 as pb
 
 
@@ -27,6 +27,11 @@ class _Strings:
 
 
 def to_proto(profile: Profile) -> pb.Profile:
+    return to_proto_with_mappings(profile)[0]
+
+
+def to_proto_with_mappings(profile: Profile) -> tuple[pb.Profile, list[Mapping]]:
+    """The profile message and the model mappings in mapping-id order."""
     p = pb.Profile()
     st = _Strings()
     t = profile.type
@@ -82,7 +87,7 @@ def to_proto(profile: Profile) -> pb.Profile:
         for k, v in s.labels:
             sample.label.add(key=st(k), str=st(v))
     p.string_table.extend(st.table)
-    return p
+    return p, list(mappings)
 
 
 def encode_pprof(profile: Profile) -> bytes:
@@ -95,3 +100,44 @@ def decode_pprof(data: bytes) -> pb.Profile:
     p = pb.Profile()
     p.ParseFromString(data)
     return p
+
+
+def from_proto(p: pb.Profile) -> tuple[ProfileType, list[Sample]]:
+    """A decoded pprof back into the model (validated input assumed)."""
+    s = p.string_table
+    mappings = {m.id: Mapping(m.memory_start, m.memory_limit, m.file_offset, s[m.filename],
+                              s[m.build_id], m.has_functions) for m in p.mapping}
+    functions = {f.id: (s[f.name], s[f.system_name]) for f in p.function}
+    frames: dict[int, list[Frame]] = {}
+    for loc in p.location:
+        mapping = mappings.get(loc.mapping_id)
+        if mapping is None:
+            kind = FrameKind.SYNTHETIC
+        elif mapping.path == KERNEL_MAPPING.path:
+            kind = FrameKind.KERNEL
+        else:
+            kind = FrameKind.USER
+        out = []
+        for line in loc.line:  # innermost (inlined) first
+            name, system = functions.get(line.function_id, ("", ""))
+            out.append(Frame(name or f"{loc.address:#x}", kind, mapping, loc.address,
+                             system if system != name else ""))
+        if not out:
+            out.append(Frame(f"{loc.address:#x}", kind, mapping, loc.address))
+        frames[loc.id] = out
+    types = tuple((s[t.type], s[t.unit]) for t in p.sample_type)
+    ptype = ProfileType(name="", sample_types=types,
+                        period_type=(s[p.period_type.type], s[p.period_type.unit]),
+                        period=p.period, folded_index=len(types) - 1)
+    samples = []
+    for x in p.sample:
+        stack: list[Frame] = []
+        for lid in reversed(x.location_id):  # root first
+            stack.extend(reversed(frames.get(lid, [])))
+        labels = {s[lb.key]: (s[lb.str] if lb.str else str(lb.num)) for lb in x.label}
+        pid = int(labels.pop("pid", "0") or 0)
+        tid = int(labels.pop("tid", "0") or 0)
+        thread = labels.pop("thread_name", "")
+        samples.append(Sample(tuple(stack), tuple(x.value), pid, tid, thread,
+                              tuple(sorted(labels.items()))))
+    return ptype, samples

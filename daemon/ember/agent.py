@@ -1,0 +1,362 @@
+"""``ember agent``: continuous profiling, shipped to a collector.
+
+The controller owns the lifecycle. Start order: host checks, kernel symbols,
+BPF programs (configured before they are attached), spool, shipper thread,
+HTTP endpoint. Loop: every 100 ms read new processes' maps; every
+``target_refresh`` re-resolve target rules; every ``interval`` drain both
+programs, build one pprof per process and type, and spool the WriteRaw
+requests (the shipper thread sends them, so a slow collector never delays a
+drain). SIGHUP reloads what can change without re-attaching; SIGTERM/SIGINT
+detach, drain a last time, spool, try to flush, and exit 0. ``close`` is
+idempotent.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from . import abi, config, host
+from .builder import SampleBuilder
+from .drain import Drainer
+from .errors import ConfigError, EmberError, SymbolizationError
+from .ksyms import KernelSymbols
+from .metrics import AgentMetrics, BpfStatsCollector
+from .model import OFFCPU_TYPE, ProfileType, cpu_type
+from .procmaps import ProcessTable, ProcFS
+from .series import (
+    ProcessLabels,
+    batch_requests,
+    cgroup_of,
+    container_id,
+    make_series,
+    read_comm,
+    split_by_process,
+)
+from .shipper import Endpoint, Shipper, profiles_in
+from .spool import Spool
+from .symbolize import Symbolizer
+from .targets import TargetResolver
+from .tracer import Program, offcpu_spec, oncpu_spec, self_tgid
+
+log = logging.getLogger(__name__)
+
+MAX_REQUEST_BYTES = 4 << 20
+DISCOVERY_INTERVAL = 0.1
+#: Keys SIGHUP can change; the rest need a restart (they change what is attached).
+RELOADABLE = {"collector", "interval", "targets", "target_refresh", "include_self", "min_block",
+              "max_block", "send_timeout", "max_backoff", "token_file", "tls_ca", "labels"}
+
+
+@dataclass
+class Pipeline:
+    """One BPF program and what turns its maps into samples."""
+
+    kind: str
+    ptype: ProfileType
+    program: Program
+    drainer: Drainer
+    builder: SampleBuilder
+
+
+@dataclass
+class AgentState:
+    attached: bool = False
+    drains: int = 0
+    last_loop: float = field(default_factory=time.monotonic)
+
+
+def read_secret(path: str) -> str:
+    if not path:
+        return ""
+    try:
+        return Path(path).read_text().strip()
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read token file: {exc.strerror}") from exc
+
+
+def endpoint_of(cfg: config.AgentConfig) -> Endpoint:
+    ca = None
+    if cfg.tls_ca:
+        try:
+            ca = Path(cfg.tls_ca).read_bytes()
+        except OSError as exc:
+            raise ConfigError(f"{cfg.tls_ca}: cannot read CA certificate: {exc.strerror}") from exc
+    return Endpoint(cfg.collector, read_secret(cfg.token_file), ca, cfg.send_timeout)
+
+
+class Agent:
+    def __init__(self, cfg: config.AgentConfig, config_path: str | None = None,
+                 registry: CollectorRegistry | None = None, procfs: ProcFS | None = None):
+        self.cfg = cfg
+        self.config_path = config_path
+        self.registry = registry or CollectorRegistry()
+        self.metrics = AgentMetrics(self.registry)
+        self.state = AgentState()
+        self.pipelines: list[Pipeline] = []
+        self.symbolizer = Symbolizer(ProcessTable(procfs or ProcFS()))
+        self.host = os.uname().nodename
+        self._meta: dict[int, tuple[int, ProcessLabels]] = {}
+        self._window_start_ns = time.time_ns()
+        self._http: ThreadingHTTPServer | None = None
+        self._closed = False
+        self.spool = Spool(cfg.spool_dir, cfg.spool_max_size, count_profiles=profiles_in)
+        self.shipper = Shipper(self.spool, endpoint_of(cfg), self.metrics, cfg.max_backoff)
+        self.registry.register(BpfStatsCollector(
+            lambda: {p.kind: p.program for p in self.pipelines}))
+        self.resolver = TargetResolver(cfg.targets)
+
+    # --- start ---
+    def _bpf_config(self) -> abi.Config:
+        c = self.cfg
+        return abi.Config(
+            epoch=0, filter=0, self_tgid=0 if c.include_self else self_tgid(),
+            stack_flags=(abi.STACK_USER if c.user_stacks else 0)
+            | (abi.STACK_KERNEL if c.kernel_stacks else 0),
+            min_block_ns=int(c.min_block * 1e9), max_block_ns=int(c.max_block * 1e9))
+
+    def start(self) -> None:
+        c = self.cfg
+        if not (c.cpu or c.offcpu):
+            raise ConfigError("agent: at least one of cpu and offcpu must be enabled")
+        if not (c.user_stacks or c.kernel_stacks):
+            raise ConfigError("agent: at least one of user_stacks and kernel_stacks is needed")
+        host.preflight(tracepoints=c.offcpu)
+        if c.kernel_stacks:
+            try:
+                self.symbolizer.kernel = KernelSymbols()
+            except SymbolizationError as exc:
+                log.warning("%s", exc)
+        self._serve_http()
+        kinds = [k for k, on in (("cpu", c.cpu), ("offcpu", c.offcpu)) if on]
+        for kind in kinds:
+            spec = oncpu_spec() if kind == "cpu" else offcpu_spec()
+            prog = Program(spec)
+            ptype = cpu_type(c.frequency) if kind == "cpu" else OFFCPU_TYPE
+            self.pipelines.append(Pipeline(kind, ptype, prog, Drainer(prog),
+                                           SampleBuilder(self.symbolizer, ptype)))
+        self._apply_bpf_config()
+        self._apply_targets()
+        for p in self.pipelines:
+            if p.kind == "cpu":
+                p.program.attach_cpu_clock(c.frequency)
+            else:
+                p.program.attach_sched_switch()
+        self._window_start_ns = time.time_ns()
+        self.state.attached = True
+        self.shipper.start()
+        log.info("agent attached (%s), shipping to %s every %gs", ", ".join(kinds), c.collector,
+                 c.interval)
+
+    def _apply_bpf_config(self) -> None:
+        for p in self.pipelines:
+            cfg = self._bpf_config()
+            cfg.epoch = p.drainer.epoch
+            cfg.filter = p.program.config().filter
+            p.program.configure(cfg)
+
+    def _apply_targets(self) -> None:
+        resolved = self.resolver.resolve()
+        for p in self.pipelines:
+            p.program.set_targets(resolved.pids)
+            p.program.set_cgroups(resolved.cgroups)
+            cfg = p.program.config()
+            cfg.filter = resolved.filter
+            p.program.configure(cfg)
+        self.metrics.targets.set(len(resolved.pids) + len(resolved.cgroups))
+
+    # --- the loop ---
+    def run(self, stop: threading.Event, reload: threading.Event) -> None:
+        if not self.state.attached:
+            self.start()
+        now = time.monotonic()
+        next_drain = now + self.cfg.interval
+        next_targets = now + self.cfg.target_refresh
+        try:
+            while not stop.is_set():
+                self.state.last_loop = time.monotonic()
+                if stop.wait(DISCOVERY_INTERVAL):
+                    break
+                if reload.is_set():
+                    reload.clear()
+                    self.reload()
+                    next_drain = min(next_drain, time.monotonic() + self.cfg.interval)
+                for p in self.pipelines:
+                    self.symbolizer.processes.discover(p.program.take_active_pids())
+                now = time.monotonic()
+                if not self.cfg.targets.whole_host and now >= next_targets:
+                    self._apply_targets()
+                    next_targets = now + self.cfg.target_refresh
+                if now >= next_drain:
+                    self.drain_once()
+                    next_drain = now + self.cfg.interval
+        finally:
+            self.shutdown()
+
+    def drain_once(self, final: bool = False) -> int:
+        """Drain every program and spool the profiles; returns profiles built."""
+        end_ns = time.time_ns()
+        start_ns, self._window_start_ns = self._window_start_ns, end_ns
+        series = []
+        for p in self.pipelines:
+            t0 = time.monotonic()
+            sym_before = (self.symbolizer.stats.frames, self.symbolizer.stats.unknown_frames,
+                          self.symbolizer.stats.cache_hits, self.symbolizer.stats.cache_misses)
+            result = p.drainer.drain(final=final)
+            samples = p.builder.build(result.records)
+            m = self.metrics
+            m.samples.labels(p.kind).inc(result.stats.events)
+            if p.kind == "offcpu":
+                m.offcpu_seconds.inc(result.stats.total_ns / 1e9)
+            m.stacks_lost.labels(p.kind, "evicted").inc(result.stats.stacks_missing)
+            m.stacks_lost.labels(p.kind, "truncated").inc(result.stats.stacks_truncated)
+            m.map_fill.labels(p.kind, "counts").set(
+                result.stats.records / p.program.counts_map.max_entries)
+            if p.program.starts_map is not None:
+                m.map_fill.labels(p.kind, "starts").set(
+                    len(p.program.starts()) / p.program.starts_map.max_entries)
+            for pid, ss in split_by_process(samples).items():
+                s, _ = make_series(p.ptype, ss, self._labels(pid, ss[0].thread_name),
+                                   start_ns, end_ns - start_ns,
+                                   {"host": self.host, **dict(self.cfg.labels)})
+                series.append(s)
+                m.profiles_built.labels(p.kind).inc()
+            st = self.symbolizer.stats
+            frames = st.frames - sym_before[0]
+            unknown = st.unknown_frames - sym_before[1]
+            m.frames.inc(frames)
+            m.unknown_frames.inc(unknown)
+            m.unknown_ratio.set(unknown / frames if frames else 0)
+            m.cache_hits.inc(st.cache_hits - sym_before[2])
+            m.cache_misses.inc(st.cache_misses - sym_before[3])
+            m.drain_seconds.labels(p.kind).observe(time.monotonic() - t0)
+        for req in batch_requests(series, MAX_REQUEST_BYTES):
+            dropped = self.spool.put(req.SerializeToString())
+            if dropped.requests:
+                self.metrics.spool_dropped.inc(dropped.profiles)
+                self.metrics.spool_dropped_bytes.inc(dropped.bytes)
+        n, size = self.spool.stats()
+        self.metrics.spool_batches.set(n)
+        self.metrics.spool_bytes.set(size)
+        self.metrics.last_drain.set(time.time())
+        self.state.drains += 1
+        self._prune_meta()
+        return len(series)
+
+    def _labels(self, pid: int, thread_name: str) -> ProcessLabels:
+        proc = self.symbolizer.processes.get(pid)
+        start = proc.start_time if proc else -1
+        cached = self._meta.get(pid)
+        if cached and cached[0] == start:
+            return cached[1]
+        build_id = ""
+        if proc is not None and proc.exe:
+            _, obj = self.symbolizer.objects.open([Path(f"/proc/{pid}/exe"),
+                                                   Path(proc.exe)])
+            build_id = (obj.build_id or "") if obj else ""
+        cgroup = cgroup_of(pid)
+        meta = ProcessLabels(pid=pid, comm=read_comm(pid) or thread_name,
+                             executable=(proc.exe or "") if proc else "", build_id=build_id,
+                             cgroup=cgroup, container_id=container_id(cgroup))
+        self._meta[pid] = (start, meta)
+        return meta
+
+    def _prune_meta(self) -> None:
+        if len(self._meta) > 2 * len(self.symbolizer.processes) + 1000:
+            live = {pid for pid in self._meta if self.symbolizer.processes.get(pid)}
+            self._meta = {k: v for k, v in self._meta.items() if k in live}
+
+    # --- reload ---
+    def reload(self) -> None:
+        if not self.config_path:
+            log.warning("SIGHUP: no config file to reload")
+            return
+        try:
+            new = config.load(self.config_path).agent
+            endpoint = endpoint_of(new)
+        except EmberError as exc:
+            log.error("SIGHUP: keeping the running configuration: %s", exc)
+            self.metrics.errors.labels(exc.label).inc()
+            return
+        fixed = [f for f in new.__dataclass_fields__
+                 if f not in RELOADABLE and getattr(new, f) != getattr(self.cfg, f)]
+        if fixed:
+            log.warning("SIGHUP: %s changed but need a restart; kept as they were",
+                        ", ".join(fixed))
+            new = config.override(new, **{f: getattr(self.cfg, f) for f in fixed})
+        self.cfg = new
+        self.resolver = TargetResolver(new.targets)
+        self._apply_bpf_config()
+        self._apply_targets()
+        self.shipper.set_endpoint(endpoint)
+        self.shipper.max_backoff = new.max_backoff
+        log.warning("SIGHUP: configuration reloaded")
+
+    # --- shutdown ---
+    def shutdown(self, flush_seconds: float = 5.0) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if self.state.attached:
+                for p in self.pipelines:
+                    p.program.detach()
+                self.drain_once(final=True)
+        finally:
+            self.shipper.stop()
+            left = self.shipper.flush(time.monotonic() + flush_seconds)
+            if left:
+                log.warning("%d requests stay in the spool (%s) for the next start", left,
+                            self.cfg.spool_dir)
+            for p in self.pipelines:
+                p.program.close()
+            if self._http is not None:
+                self._http.shutdown()
+                self._http.server_close()
+
+    # --- health endpoint ---
+    def healthy(self) -> bool:
+        return time.monotonic() - self.state.last_loop < 3 * self.cfg.interval + 10
+
+    def _serve_http(self) -> None:
+        agent = self
+        hostname, port = self.cfg.metrics_listen.rsplit(":", 1)
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                path = self.path.split("?", 1)[0]
+                if path == "/metrics":
+                    self._reply(200, generate_latest(agent.registry), CONTENT_TYPE_LATEST)
+                elif path == "/healthz":
+                    ok = agent.healthy()
+                    self._reply(200 if ok else 503, b"ok\n" if ok else b"stalled\n")
+                elif path == "/readyz":
+                    ok = agent.state.attached and not agent._closed
+                    self._reply(200 if ok else 503, b"ready\n" if ok else b"not ready\n")
+                else:
+                    self._reply(404, b"not found\n")
+
+            def _reply(self, code: int, body: bytes, ctype: str = "text/plain") -> None:
+                self.send_response(code)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, fmt: str, *args: Any) -> None:
+                log.debug("http: " + fmt, *args)
+
+        try:
+            self._http = ThreadingHTTPServer((hostname, int(port)), Handler)
+        except OSError as exc:
+            raise ConfigError(f"metrics_listen {self.cfg.metrics_listen}: {exc.strerror}") from exc
+        self._http.daemon_threads = True
+        threading.Thread(target=self._http.serve_forever, name="ember-http", daemon=True).start()

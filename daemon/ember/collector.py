@@ -1,0 +1,270 @@
+"""``ember collector``: receives WriteRaw over gRPC, stores profiles in SQLite,
+answers queries over HTTP.
+
+HTTP API (JSON errors as {"error": ...}):
+  GET /api/v1/profile?type=cpu|offcpu|TYPE&since=1h|from=NS&to=NS&match=k=v...
+                     &format=folded|pprof|json
+  GET /api/v1/labels                 label names
+  GET /api/v1/labels/NAME/values     values of one label
+  GET /api/v1/types                  stored profile types
+  GET /healthz, /metrics
+
+With a token configured, gRPC calls and API requests need
+``authorization: Bearer TOKEN``; without one, listening beyond loopback is
+refused unless explicitly allowed.
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import json
+import logging
+import ssl
+import threading
+import time
+from concurrent import futures
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, unquote, urlparse
+
+import grpc
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from .config import CollectorConfig, parse_duration
+from .errors import ConfigError
+from .metrics import CollectorMetrics
+from .proto import profilestore_pb2 as ps
+from .proto import profilestore_pb2_grpc as ps_grpc
+from .query import FORMATS, TYPE_ALIASES, merge, render
+from .store import Store
+from .validate import InvalidRequest, Limits, check_request
+
+log = logging.getLogger(__name__)
+
+
+def _loopback(hostport: str) -> bool:
+    host = hostport.rsplit(":", 1)[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class _Servicer(ps_grpc.ProfileStoreServiceServicer):
+    def __init__(self, collector: Collector):
+        self.c = collector
+
+    def WriteRaw(self, request: ps.WriteRawRequest, context: Any) -> ps.WriteRawResponse:
+        c = self.c
+        if not c.authorized(dict(context.invocation_metadata()).get("authorization", "")):
+            c.metrics.requests.labels("unauthenticated").inc()
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token")
+        try:
+            profiles = check_request(request, c.limits, time.time_ns())
+        except InvalidRequest as exc:
+            c.metrics.requests.labels("invalid_argument").inc()
+            c.metrics.rejected.labels("invalid").inc()
+            log.info("rejected WriteRaw: %s", exc)
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        try:
+            stored, dup = c.store.write(profiles)
+        except Exception as exc:
+            log.exception("store failed")
+            c.metrics.requests.labels("internal").inc()
+            context.abort(grpc.StatusCode.INTERNAL, f"store failed: {exc}")
+        c.metrics.profiles.inc(stored)
+        c.metrics.duplicates.inc(dup)
+        c.metrics.requests.labels("ok").inc()
+        return ps.WriteRawResponse()
+
+
+class Collector:
+    def __init__(self, cfg: CollectorConfig, registry: CollectorRegistry | None = None,
+                 allow_public: bool = False):
+        self.cfg = cfg
+        self.token = ""
+        if cfg.token_file:
+            try:
+                self.token = Path(cfg.token_file).read_text().strip()
+            except OSError as exc:
+                raise ConfigError(f"{cfg.token_file}: cannot read token: {exc.strerror}") from exc
+            if not self.token:
+                raise ConfigError(f"{cfg.token_file}: the token file is empty")
+        if not self.token and not allow_public:
+            for what, addr in (("grpc_listen", cfg.grpc_listen), ("http_listen", cfg.http_listen)):
+                if not _loopback(addr):
+                    raise ConfigError(
+                        f"collector.{what} {addr} is not loopback and no token_file is set: "
+                        "anyone could write profiles; set a token (or --allow-public)")
+        if bool(cfg.tls_cert) != bool(cfg.tls_key):
+            raise ConfigError("collector: tls_cert and tls_key go together")
+        self.registry = registry or CollectorRegistry()
+        self.metrics = CollectorMetrics(self.registry)
+        self.limits = Limits(max_profile_size=cfg.max_profile_size)
+        self.store = Store(cfg.storage)
+        self._grpc: Any = None
+        self._http: ThreadingHTTPServer | None = None
+        self._stop = threading.Event()
+        self._closed = False
+
+    def authorized(self, header: str) -> bool:
+        if not self.token:
+            return True
+        return hmac.compare_digest(header.encode(), f"Bearer {self.token}".encode())
+
+    # --- lifecycle ---
+    def start(self) -> None:
+        cfg = self.cfg
+        self.retention_once()
+        options = [("grpc.max_receive_message_length", cfg.max_request_size),
+                   ("grpc.max_send_message_length", 1 << 20)]
+        self._grpc = grpc.server(futures.ThreadPoolExecutor(max_workers=8,
+                                                            thread_name_prefix="ember-grpc"),
+                                 options=options, maximum_concurrent_rpcs=64)
+        ps_grpc.add_ProfileStoreServiceServicer_to_server(  # type: ignore[no-untyped-call]
+            _Servicer(self), self._grpc)
+        if cfg.tls_cert:
+            creds = grpc.ssl_server_credentials([(Path(cfg.tls_key).read_bytes(),
+                                                  Path(cfg.tls_cert).read_bytes())])
+            port = self._grpc.add_secure_port(cfg.grpc_listen, creds)
+        else:
+            port = self._grpc.add_insecure_port(cfg.grpc_listen)
+        if not port:
+            raise ConfigError(f"collector.grpc_listen {cfg.grpc_listen}: cannot listen")
+        self._grpc.start()
+        self._serve_http()
+        threading.Thread(target=self._retention_loop, name="ember-retention",
+                         daemon=True).start()
+        log.info("collector: gRPC on %s, HTTP on %s, storage %s", cfg.grpc_listen,
+                 cfg.http_listen, cfg.storage)
+
+    def retention_once(self) -> None:
+        by_age, by_size = self.store.enforce_retention(self.cfg.retention,
+                                                       self.cfg.max_storage_size)
+        self.metrics.deleted.labels("age").inc(by_age)
+        self.metrics.deleted.labels("size").inc(by_size)
+        self.metrics.storage_bytes.set(self.store.size_bytes())
+
+    def _retention_loop(self) -> None:
+        while not self._stop.wait(60):
+            try:
+                self.retention_once()
+            except Exception:
+                log.exception("retention failed")
+
+    def wait(self, stop: threading.Event) -> None:
+        stop.wait()
+        self.close()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._stop.set()
+        if self._grpc is not None:
+            self._grpc.stop(grace=2).wait()
+        if self._http is not None:
+            self._http.shutdown()
+            self._http.server_close()
+        self.store.close()
+
+    # --- HTTP API ---
+    def handle(self, path: str, query: dict[str, list[str]], auth: str
+               ) -> tuple[int, bytes, str]:
+        def error(code: int, msg: str) -> tuple[int, bytes, str]:
+            return code, json.dumps({"error": msg}).encode(), "application/json"
+
+        def ok(obj: Any) -> tuple[int, bytes, str]:
+            return 200, json.dumps(obj).encode(), "application/json"
+
+        if path == "/healthz":
+            return 200, b"ok\n", "text/plain"
+        if path == "/metrics":
+            return 200, generate_latest(self.registry), CONTENT_TYPE_LATEST
+        if not self.authorized(auth):
+            return error(401, "missing or wrong bearer token")
+        if path == "/api/v1/labels":
+            return ok({"labels": self.store.label_names()})
+        if path.startswith("/api/v1/labels/") and path.endswith("/values"):
+            name = unquote(path[len("/api/v1/labels/"):-len("/values")])
+            return ok({"label": name, "values": self.store.label_values(name)})
+        if path == "/api/v1/types":
+            return ok({"types": self.store.types(), "aliases": TYPE_ALIASES})
+        if path == "/api/v1/profile":
+            try:
+                return self._profile(query)
+            except ValueError as exc:
+                return error(400, str(exc))
+        return error(404, f"no such endpoint: {path}")
+
+    def _profile(self, q: dict[str, list[str]]) -> tuple[int, bytes, str]:
+        fmt = q.get("format", ["folded"])[-1]
+        if fmt not in FORMATS:
+            raise ValueError(f"format must be one of {', '.join(FORMATS)}")
+        now = time.time_ns()
+        if "from" in q or "to" in q:
+            try:
+                start = int(q.get("from", ["0"])[-1])
+                end = int(q.get("to", [str(now)])[-1])
+            except ValueError:
+                raise ValueError("from and to are Unix times in nanoseconds") from None
+        else:
+            start = now - int(parse_duration(q.get("since", ["1h"])[-1]) * 1e9)
+            end = now
+        if end <= start:
+            raise ValueError("the time range is empty")
+        matchers = {}
+        for m in q.get("match", []):
+            name, sep, value = m.partition("=")
+            if not sep or not name:
+                raise ValueError(f"match must be LABEL=VALUE, not {m!r}")
+            matchers[name] = value
+        type_ = q.get("type", ["cpu"])[-1]
+        type_ = TYPE_ALIASES.get(type_, type_)
+        merged = merge(self.store.query(start, end, matchers, type_), start, end)
+        if merged is None:
+            return 404, json.dumps({"error": "no profiles match"}).encode(), "application/json"
+        body, ctype = render(merged, fmt)
+        return 200, body, ctype
+
+    def _serve_http(self) -> None:
+        collector = self
+        host, port = self.cfg.http_listen.rsplit(":", 1)
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                url = urlparse(self.path)
+                try:
+                    code, body, ctype = collector.handle(
+                        url.path, parse_qs(url.query, keep_blank_values=True),
+                        self.headers.get("Authorization", ""))
+                except Exception as exc:  # never let a request take the server down
+                    log.exception("HTTP %s failed", self.path)
+                    code, body, ctype = 500, json.dumps({"error": str(exc)}).encode(), \
+                        "application/json"
+                collector.metrics.queries.labels(str(code)).inc()
+                self.send_response(code)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, fmt: str, *args: Any) -> None:
+                log.debug("http: " + fmt, *args)
+
+        try:
+            self._http = ThreadingHTTPServer((host, int(port)), Handler)
+        except OSError as exc:
+            raise ConfigError(f"collector.http_listen {self.cfg.http_listen}: {exc.strerror}") \
+                from exc
+        if self.cfg.tls_cert:
+            ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            ctx.load_cert_chain(self.cfg.tls_cert, self.cfg.tls_key)
+            self._http.socket = ctx.wrap_socket(self._http.socket, server_side=True)
+        self._http.daemon_threads = True
+        threading.Thread(target=self._http.serve_forever, name="ember-http",
+                         daemon=True).start()

@@ -1,0 +1,149 @@
+"""Every metric ember exports, defined here against an injected registry.
+
+Names follow Prometheus conventions: the ``ember_`` namespace, base units
+(seconds, bytes), ``_total`` on counters, label values from fixed sets.
+Counters that live in BPF maps (per-CPU ``ember_stats``) and kernel BPF
+run-time statistics are read at scrape time by ``BpfStatsCollector``, never
+copied on a timer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
+from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.process_collector import ProcessCollector
+from prometheus_client.registry import Collector
+
+from . import __version__, abi
+from .errors import ALL_ERRORS
+
+if TYPE_CHECKING:
+    from .tracer import Program
+
+#: BPF stat -> (metric, labels) for the kernel-side drop and event counters.
+_LOST = {
+    abi.Stat.USER_STACK_COLLISION: "user_collision",
+    abi.Stat.KERNEL_STACK_COLLISION: "kernel_collision",
+    abi.Stat.USER_STACK_ERROR: "user_error",
+    abi.Stat.KERNEL_STACK_ERROR: "kernel_error",
+}
+
+
+class AgentMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        r = registry
+        self.registry = r
+        Info("ember_build", "ember version", registry=r).info({"version": __version__})
+        ProcessCollector(namespace="ember", registry=r)
+        self.samples = Counter("ember_samples_total",
+                               "Events drained from the kernel: on-CPU samples, off-CPU blocks",
+                               ["type"], registry=r)
+        self.offcpu_seconds = Counter("ember_offcpu_seconds_total",
+                                      "Off-CPU time collected", registry=r)
+        self.stacks_lost = Counter("ember_stacks_lost_total",
+                                   "Stacks that reached a profile only as a marker frame, "
+                                   "by reason (evicted: gone from the stack map; truncated: "
+                                   "cut at 127 frames)", ["type", "reason"], registry=r)
+        self.drain_seconds = Histogram("ember_drain_duration_seconds",
+                                       "Time to drain one program's maps and build its samples",
+                                       ["type"], registry=r,
+                                       buckets=(.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10))
+        self.frames = Counter("ember_symbolizer_frames_total", "Frames symbolized", registry=r)
+        self.unknown_frames = Counter("ember_symbolizer_unknown_frames_total",
+                                      "Frames named only by object+offset or [unknown]",
+                                      registry=r)
+        self.unknown_ratio = Gauge("ember_symbolizer_unknown_frame_ratio",
+                                   "Share of unnamed frames in the last drain", registry=r)
+        self.cache_hits = Counter("ember_symbolizer_cache_hits_total",
+                                  "Symbol table cache hits", registry=r)
+        self.cache_misses = Counter("ember_symbolizer_cache_misses_total",
+                                    "Symbol table cache misses (object parsed)", registry=r)
+        self.profiles_built = Counter("ember_profiles_built_total", "Profiles built", ["type"],
+                                      registry=r)
+        self.profiles_sent = Counter("ember_profiles_sent_total",
+                                     "Profiles accepted by the collector", registry=r)
+        self.bytes_sent = Counter("ember_sent_bytes_total",
+                                  "Bytes of WriteRaw requests accepted", registry=r)
+        self.send_failures = Counter("ember_send_failures_total",
+                                     "Failed WriteRaw calls, by gRPC status", ["reason"],
+                                     registry=r)
+        self.spool_bytes = Gauge("ember_spool_bytes", "Bytes waiting in the spool", registry=r)
+        self.spool_batches = Gauge("ember_spool_batches", "Requests waiting in the spool",
+                                   registry=r)
+        self.spool_dropped = Counter("ember_spool_dropped_profiles_total",
+                                     "Profiles dropped because the spool was full", registry=r)
+        self.spool_dropped_bytes = Counter("ember_spool_dropped_bytes_total",
+                                           "Bytes dropped because the spool was full",
+                                           registry=r)
+        self.map_fill = Gauge("ember_bpf_map_fill_ratio",
+                              "Entries over capacity at the last drain", ["type", "map"],
+                              registry=r)
+        self.errors = Counter("ember_errors_total", "Errors by kind", ["reason"], registry=r)
+        for err in ALL_ERRORS:
+            self.errors.labels(err.label)
+        self.targets = Gauge("ember_targets", "Processes selected by the target rules "
+                             "(0 when profiling the whole host)", registry=r)
+        self.last_drain = Gauge("ember_last_drain_timestamp_seconds",
+                                "When the last drain finished", registry=r)
+
+
+class BpfStatsCollector(Collector):
+    """Reads the BPF programs' own counters when Prometheus scrapes."""
+
+    def __init__(self, programs: Callable[[], dict[str, Program]]):
+        self.programs = programs
+
+    def collect(self) -> Iterator[Metric]:
+        events = CounterMetricFamily("ember_bpf_events_total",
+                                     "Events the BPF programs counted (kernel side)",
+                                     labels=["type"])
+        dropped = CounterMetricFamily("ember_bpf_dropped_total",
+                                      "Events dropped in the kernel, by reason",
+                                      labels=["type", "reason"])
+        lost = CounterMetricFamily("ember_bpf_stacks_lost_total",
+                                   "Stack captures that failed in the kernel, by reason",
+                                   labels=["type", "reason"])
+        run_s = CounterMetricFamily("ember_bpf_program_run_seconds_total",
+                                    "Time the kernel spent running ember's programs "
+                                    "(needs kernel.bpf_stats_enabled=1)", labels=["type"])
+        runs = CounterMetricFamily("ember_bpf_program_runs_total",
+                                   "Runs of ember's programs (needs kernel.bpf_stats_enabled=1)",
+                                   labels=["type"])
+        for kind, prog in self.programs().items():
+            try:
+                stats = prog.stats()
+            except Exception:  # a program closing while scraped
+                continue
+            events.add_metric([kind], stats[abi.Stat.COUNTED])
+            dropped.add_metric([kind, "counts_map_full"], stats[abi.Stat.COUNTS_FULL])
+            dropped.add_metric([kind, "threads_map_full"], stats[abi.Stat.THREADS_FULL])
+            for stat, reason in _LOST.items():
+                lost.add_metric([kind, reason], stats[stat])
+            t, n = prog.run_stats()
+            run_s.add_metric([kind], t / 1e9)
+            runs.add_metric([kind], n)
+        yield from (events, dropped, lost, run_s, runs)
+
+
+class CollectorMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        r = registry
+        self.registry = r
+        Info("ember_build", "ember version", registry=r).info({"version": __version__})
+        ProcessCollector(namespace="ember", registry=r)
+        self.requests = Counter("ember_collector_requests_total", "WriteRaw calls by status",
+                                ["code"], registry=r)
+        self.profiles = Counter("ember_collector_profiles_stored_total", "Profiles stored",
+                                registry=r)
+        self.duplicates = Counter("ember_collector_duplicate_profiles_total",
+                                  "Profiles received again and stored once", registry=r)
+        self.rejected = Counter("ember_collector_rejected_total", "Requests rejected, by reason",
+                                ["reason"], registry=r)
+        self.deleted = Counter("ember_collector_profiles_deleted_total",
+                               "Profiles removed by retention", ["reason"], registry=r)
+        self.storage_bytes = Gauge("ember_collector_storage_bytes", "Database size", registry=r)
+        self.queries = Counter("ember_collector_queries_total", "HTTP API requests by status",
+                               ["code"], registry=r)
