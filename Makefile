@@ -1,6 +1,6 @@
 # ember — the two commands a newcomer needs:
 #   make test   set up this host (root), then lint, type-check and run every test
-#   make run    set up this host, then profile it (see README)
+#   make run    set up this host, then run the collector and the agent on it
 VENV ?= .venv
 PY := $(VENV)/bin/python
 SETUP_STAMP := $(VENV)/.setup-done
@@ -37,9 +37,9 @@ unit: $(SETUP_STAMP) fixtures
 test: setup fixtures lint
 	EMBER_REQUIRE_BPF=$$( [ "$$(id -u)" = 0 ] && echo 1 || echo 0 ) $(PY) -m pytest -q
 
+# The collector and the agent on this host, profiling all of it (Ctrl-C stops).
 run: setup
-	$(VENV)/bin/ember record --duration 10 --output ember-profile.folded
-	@echo "wrote ember-profile.folded (on-CPU, whole host, 10 s)"
+	EMBER=$(VENV)/bin/ember deploy/run-local.sh .ember
 
 clean:
 	$(MAKE) -s -C tests/fixtures clean

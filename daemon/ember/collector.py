@@ -135,8 +135,11 @@ class Collector:
             port = self._grpc.add_insecure_port(cfg.grpc_listen)
         if not port:
             raise ConfigError(f"collector.grpc_listen {cfg.grpc_listen}: cannot listen")
+        self.grpc_port = int(port)
         self._grpc.start()
         self._serve_http()
+        assert self._http is not None
+        self.http_port = int(self._http.server_address[1])
         threading.Thread(target=self._retention_loop, name="ember-retention",
                          daemon=True).start()
         log.info("collector: gRPC on %s, HTTP on %s, storage %s", cfg.grpc_listen,

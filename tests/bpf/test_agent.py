@@ -1,0 +1,204 @@
+"""The agent on the real kernel, shipping to a real collector over loopback."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from ember import config
+from ember.agent import Agent
+from ember.collector import Collector
+from ember.config import AgentConfig, CollectorConfig, Targets
+from ember.encode.pprof import decode_pprof, from_proto
+from ember.proto import profilestore_pb2 as ps
+from ember.series import PROFILE_ID_PREFIX
+
+from .helpers import inclusive
+
+pytestmark = pytest.mark.bpf
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def collector_at(tmp_path: Path, port: int) -> Collector:
+    c = Collector(CollectorConfig(grpc_listen=f"127.0.0.1:{port}", http_listen="127.0.0.1:0",
+                                  storage=str(tmp_path / "db.sqlite")))
+    c.start()
+    return c
+
+
+@contextmanager
+def running_agent(cfg: AgentConfig) -> Iterator[Agent]:
+    agent = Agent(cfg)
+    agent.start()
+    stop, reload = threading.Event(), threading.Event()
+    t = threading.Thread(target=agent.run, args=(stop, reload))
+    t.start()
+    try:
+        yield agent
+    finally:
+        stop.set()
+        t.join(timeout=60)
+
+
+def agent_cfg(tmp_path: Path, port: int, pid: int, **kw: object) -> AgentConfig:
+    settings: dict[str, object] = {
+        "collector": f"127.0.0.1:{port}", "interval": 1.0, "frequency": 499,
+        "metrics_listen": "127.0.0.1:0", "spool_dir": str(tmp_path / "spool"),
+        "targets": Targets(pids=(pid,)), "max_backoff": 1.0}
+    return config.override(AgentConfig(), **{**settings, **kw})
+
+
+def stored_samples(c: Collector, type_: str) -> list[tuple[str, dict[str, str], object]]:
+    out = []
+    for row in c.store.query(0, time.time_ns() + 10**9, {}, type_):
+        out.append((row.type, row.labels, from_proto(decode_pprof(row.data))[1]))
+    return out
+
+
+def test_ground_truth_through_the_collector(start_workload, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    w = start_workload("cpu_shares")
+    port = free_port()
+    c = collector_at(tmp_path, port)
+    try:
+        with running_agent(agent_cfg(tmp_path, port, w.pid)) as agent:
+            time.sleep(5)
+        assert agent.spool.stats()[0] == 0
+        code, body, _ = c.handle("/api/v1/profile", {"type": ["cpu"], "since": ["5m"],
+                                                      "format": ["json"]}, "")
+        assert code == 200
+        rows = stored_samples(c, "ember_cpu:cpu:nanoseconds:cpu:nanoseconds")
+        samples = [s for _, labels, ss in rows for s in ss]  # type: ignore[attr-defined]
+        shares = inclusive(samples, ["work_a", "work_b", "work_c"], 0)
+        assert abs(shares["work_a"] - 35) <= 2, shares
+        assert abs(shares["work_b"] - 50) <= 2, shares
+        assert abs(shares["work_c"] - 15) <= 2, shares
+        labels = rows[0][1]
+        assert labels["__name__"] == "ember_cpu" and labels["pid"] == str(w.pid)
+        assert labels["comm"] == "cpu_shares" and labels["executable"].endswith("/cpu_shares")
+        assert len(labels["build_id"]) == 40 and labels["host"] == os.uname().nodename
+        assert {r[1]["__name__"] for r in stored_samples(c, None)} == {"ember_cpu",
+                                                                        "ember_offcpu"}
+        assert json.loads(body)["tree"]["value"] == sum(s.values[0] for s in samples)
+    finally:
+        c.close()
+
+
+def test_collector_down_30s_every_sample_stored_once(start_workload, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    w = start_workload("cpu_shares", seconds=120)
+    port = free_port()
+    c = collector_at(tmp_path, port)
+    with running_agent(agent_cfg(tmp_path, port, w.pid, offcpu=False)) as agent:
+        time.sleep(3)
+        c.close()
+        time.sleep(30)
+        assert agent.spool.stats()[0] >= 20  # spooled while the collector was away
+        c = collector_at(tmp_path, port)
+        deadline = time.monotonic() + 60
+        while agent.spool.stats()[0] and time.monotonic() < deadline:
+            time.sleep(0.5)
+        time.sleep(1)
+    try:
+        assert agent.spool.stats()[0] == 0
+        drained = agent.metrics.samples.labels("cpu")._value.get()
+        rows = list(c.store.query(0, time.time_ns() + 10**9, {}, None))
+        stored = sum(r.samples for r in rows)
+        assert stored == drained > 30 * 400
+        assert len(rows) == agent.metrics.profiles_built.labels("cpu")._value.get()
+    finally:
+        c.close()
+
+
+def spooled_ids(spool: Path) -> set[str]:
+    ids = set()
+    for f in spool.glob("*.writeraw"):
+        for s in ps.WriteRawRequest.FromString(f.read_bytes()).series:
+            for sample in s.samples:
+                p = decode_pprof(sample.raw_profile)
+                ids |= {p.string_table[i].removeprefix(PROFILE_ID_PREFIX) for i in p.comment}
+    return ids
+
+
+def test_sigkill_while_spooling_then_restart(start_workload, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    w = start_workload("cpu_shares", seconds=120)
+    port = free_port()
+    spool = tmp_path / "spool"
+    cmd = [sys.executable, "-m", "ember.cli", "agent", "--collector", f"127.0.0.1:{port}",
+           "--interval", "1s", "--pid", str(w.pid), "--spool-dir", str(spool),
+           "--metrics-listen", f"127.0.0.1:{free_port()}"]
+    agent = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while len(list(spool.glob("*.writeraw"))) < 3 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    agent.send_signal(signal.SIGKILL)
+    agent.wait()
+    before = spooled_ids(spool)
+    assert len(before) >= 3
+    c = collector_at(tmp_path, port)
+    try:
+        agent = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 60
+        while spooled_ids(spool) & before and time.monotonic() < deadline:
+            time.sleep(0.5)
+        agent.send_signal(signal.SIGTERM)
+        _, err = agent.communicate(timeout=60)
+        assert agent.returncode == 0, err
+        db = c.store._db
+        stored = [r[0] for r in db.execute("SELECT profile_id FROM profiles")]
+        assert before <= set(stored)           # everything spooled before the kill arrived
+        assert len(stored) == len(set(stored))  # and nothing twice
+    finally:
+        c.close()
+
+
+@pytest.mark.skipif(not Path("/usr/bin/prometheus").exists(), reason="prometheus not installed")
+def test_prometheus_scrapes_the_agent(start_workload, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    w = start_workload("cpu_shares")
+    metrics_port, prom_port = free_port(), free_port()
+    (tmp_path / "prometheus.yml").write_text(
+        "global: {scrape_interval: 1s}\nscrape_configs:\n"
+        f"  - job_name: ember\n    static_configs: [{{targets: ['127.0.0.1:{metrics_port}']}}]\n")
+    prom = subprocess.Popen(["prometheus", f"--config.file={tmp_path / 'prometheus.yml'}",
+                             f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                             f"--web.listen-address=127.0.0.1:{prom_port}"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        cfg = agent_cfg(tmp_path, free_port(), w.pid, metrics_listen=f"127.0.0.1:{metrics_port}")
+        with running_agent(cfg):
+            value = None
+            deadline = time.monotonic() + 60
+            url = (f"http://127.0.0.1:{prom_port}/api/v1/query?query="
+                   "ember_samples_total%7Btype%3D%22cpu%22%7D")
+            while time.monotonic() < deadline:
+                time.sleep(1)
+                try:
+                    with urllib.request.urlopen(url, timeout=5) as r:
+                        result = json.loads(r.read())["data"]["result"]
+                except OSError:
+                    continue
+                if result and float(result[0]["value"][1]) > 0:
+                    value = float(result[0]["value"][1])
+                    break
+            assert value is not None and value > 0
+            for path, code in (("/healthz", 200), ("/readyz", 200)):
+                with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}{path}") as r:
+                    assert r.status == code
+    finally:
+        prom.terminate()
+        prom.wait(timeout=30)

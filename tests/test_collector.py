@@ -1,0 +1,238 @@
+"""The collector over real gRPC and SQLite on loopback: valid writes stored
+once, bad requests rejected with the collector still serving, auth, TLS,
+retention, and the query API."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import random
+import sqlite3
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from ember.collector import Collector
+from ember.config import CollectorConfig
+from ember.encode.folded import parse_folded
+from ember.encode.pprof import decode_pprof
+from ember.proto import profile_pb2 as pb
+from ember.proto import profilestore_pb2 as ps
+from ember.proto import profilestore_pb2_grpc as ps_grpc
+from ember.series import ProcessLabels, make_series
+from encode.sample_profiles import cpu_profile, offcpu_profile
+
+
+def series(pid: int = 10, kind: str = "cpu") -> ps.RawProfileSeries:
+    prof = cpu_profile() if kind == "cpu" else offcpu_profile()
+    import time
+    now = time.time_ns()
+    return make_series(prof.type, prof.samples, ProcessLabels(pid=pid, comm="app"), now - 10**9,
+                       10**9, {"host": "h"})[0]
+
+
+def start(tmp_path: Path, **kw: object) -> Collector:
+    cfg = CollectorConfig(grpc_listen="127.0.0.1:0", http_listen="127.0.0.1:0",
+                          storage=str(tmp_path / "db.sqlite"), **kw)  # type: ignore[arg-type]
+    c = Collector(cfg)
+    c.start()
+    return c
+
+
+@pytest.fixture
+def collector(tmp_path: Path) -> Iterator[Collector]:
+    c = start(tmp_path, max_request_size=1 << 20, max_profile_size=1 << 20)
+    yield c
+    c.close()
+
+
+def stub(c: Collector) -> ps_grpc.ProfileStoreServiceStub:
+    return ps_grpc.ProfileStoreServiceStub(grpc.insecure_channel(f"127.0.0.1:{c.grpc_port}"))
+
+
+def http(c: Collector, path: str, token: str = "") -> tuple[int, bytes]:
+    req = urllib.request.Request(f"http://127.0.0.1:{c.http_port}{path}",
+                                 headers={"Authorization": f"Bearer {token}"} if token else {})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def test_write_query_and_dedup(collector: Collector) -> None:
+    req = ps.WriteRawRequest(series=[series(10), series(11), series(10, "offcpu")])
+    s = stub(collector)
+    s.WriteRaw(req, timeout=10)
+    s.WriteRaw(req, timeout=10)  # a re-send after an ambiguous failure
+    assert collector.store.count() == 3
+    assert collector.metrics.duplicates._value.get() == 3
+    code, body = http(collector, "/api/v1/profile?type=cpu&since=1h&format=folded")
+    assert code == 200
+    folded = parse_folded(body.decode())
+    assert folded["app;main;ns::Box<int>::operator()(int) const"] == 20  # 2 processes x 10
+    code, body = http(collector, "/api/v1/profile?type=cpu&since=1h&match=pid=11&format=json")
+    tree = json.loads(body)["tree"]
+    assert tree["value"] == 13 and tree["children"][0]["name"] == "app"
+    code, body = http(collector, "/api/v1/profile?type=offcpu&since=1h&format=pprof")
+    p = decode_pprof(body)
+    assert [list(x.value) for x in p.sample] == [[4, 40_000_123], [1, 2_500]]
+    assert json.loads(http(collector, "/api/v1/labels")[1])["labels"] == [
+        "__name__", "comm", "host", "pid"]
+    assert json.loads(http(collector, "/api/v1/labels/pid/values")[1])["values"] == ["10", "11"]
+    assert len(json.loads(http(collector, "/api/v1/types")[1])["types"]) == 2
+    assert http(collector, "/api/v1/profile?type=cpu&match=pid=99")[0] == 404
+    assert http(collector, "/api/v1/profile?format=svg")[0] == 400
+    assert http(collector, "/api/v1/profile?since=never")[0] == 400
+    assert http(collector, "/nope")[0] == 404
+
+
+def bad_profile(mutate: object) -> ps.WriteRawRequest:
+    s = series()
+    p = decode_pprof(s.samples[0].raw_profile)
+    mutate(p)  # type: ignore[operator]
+    s.samples[0].raw_profile = gzip.compress(p.SerializeToString())
+    del s.samples[0].executable_info[:]
+    return ps.WriteRawRequest(series=[s])
+
+
+def _no_name() -> ps.WriteRawRequest:
+    s = series()
+    kept = [lb for lb in s.labels.labels if lb.name != "__name__"]
+    del s.labels.labels[:]
+    s.labels.labels.extend(kept)
+    return ps.WriteRawRequest(series=[s])
+
+
+def _bad_label() -> ps.WriteRawRequest:
+    s = series()
+    s.labels.labels.add(name="bad-name", value="x")
+    return ps.WriteRawRequest(series=[s])
+
+
+def _gzip_bomb() -> ps.WriteRawRequest:
+    s = series()
+    s.samples[0].raw_profile = gzip.compress(b"\0" * (8 << 20))
+    return ps.WriteRawRequest(series=[s])
+
+
+def _set(attr: str) -> object:
+    def f(p: pb.Profile) -> None:
+        if attr == "string0":
+            p.string_table[0] = "x"
+        elif attr == "mapping_id":
+            p.mapping[0].id = 7
+        elif attr == "values":
+            p.sample[0].value.append(1)
+        elif attr == "location0":
+            p.sample[0].location_id.append(0)
+        elif attr == "label_key0":
+            p.sample[0].label.add(key=0, str=1)
+        elif attr == "string_range":
+            p.function[0].name = 10_000
+    return f
+
+
+@pytest.mark.parametrize(("request_", "message"), [
+    (_no_name, "no __name__ label"),
+    (_bad_label, "invalid label name 'bad-name'"),
+    (_gzip_bomb, "decompresses to more than"),
+    (lambda: bad_profile(_set("string0")), "string table must start with the empty string"),
+    (lambda: bad_profile(_set("mapping_id")), "mapping 0 has id 7, expected 1"),
+    (lambda: bad_profile(_set("values")), "sample 0 has 3 values for 2 sample types"),
+    (lambda: bad_profile(_set("location0")), "location id 0 out of range"),
+    (lambda: bad_profile(_set("label_key0")), "label key 0"),
+    (lambda: bad_profile(_set("string_range")), "string index 10000 out of range"),
+])
+def test_invalid_requests_rejected(collector: Collector, request_: object, message: str) -> None:
+    with pytest.raises(grpc.RpcError) as exc:
+        stub(collector).WriteRaw(request_(), timeout=10)  # type: ignore[operator]
+    assert exc.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert message in exc.value.details()
+    assert collector.store.count() == 0
+
+
+def test_garbage_truncated_and_oversized(collector: Collector, tmp_path: Path) -> None:
+    channel = grpc.insecure_channel(f"127.0.0.1:{collector.grpc_port}")
+    raw = channel.unary_unary("/parca.profilestore.v1alpha1.ProfileStoreService/WriteRaw",
+                              request_serializer=None, response_deserializer=None)
+    good = ps.WriteRawRequest(series=[series()]).SerializeToString()
+    rng = random.Random(3)
+    for payload in (rng.randbytes(5000), good[: len(good) // 2], b"\xff" * 64):
+        with pytest.raises(grpc.RpcError) as exc:
+            raw(payload, timeout=10)
+        assert exc.value.code() in (grpc.StatusCode.INTERNAL, grpc.StatusCode.INVALID_ARGUMENT)
+    with pytest.raises(grpc.RpcError) as exc:
+        raw(b"\n" + b"\x80" * 3 + rng.randbytes(2 << 20), timeout=10)  # past max_request_size
+    assert exc.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    # still serving, and nothing bad was stored
+    stub(collector).WriteRaw(ps.WriteRawRequest(series=[series()]), timeout=10)
+    assert collector.store.count() == 1
+    db = sqlite3.connect(collector.cfg.storage)
+    assert db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+
+
+def test_token_auth(tmp_path: Path) -> None:
+    token = tmp_path / "token"
+    token.write_text("s3cret\n")
+    c = start(tmp_path, token_file=str(token))
+    try:
+        req = ps.WriteRawRequest(series=[series()])
+        with pytest.raises(grpc.RpcError) as exc:
+            stub(c).WriteRaw(req, timeout=10)
+        assert exc.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        with pytest.raises(grpc.RpcError):
+            stub(c).WriteRaw(req, timeout=10, metadata=[("authorization", "Bearer wrong")])
+        stub(c).WriteRaw(req, timeout=10, metadata=[("authorization", "Bearer s3cret")])
+        assert http(c, "/api/v1/labels")[0] == 401
+        assert http(c, "/api/v1/labels", token="s3cret")[0] == 200
+        assert http(c, "/healthz")[0] == 200
+    finally:
+        c.close()
+
+
+def test_retention_by_age_and_size(tmp_path: Path) -> None:
+    c = start(tmp_path, retention=60.0)
+    try:
+        old = series()
+        p = decode_pprof(old.samples[0].raw_profile)
+        p.time_nanos = 1_000_000_000  # 1970
+        old.samples[0].raw_profile = gzip.compress(p.SerializeToString())
+        stub(c).WriteRaw(ps.WriteRawRequest(series=[old, series(12)]), timeout=10)
+        assert c.store.count() == 2
+        c.retention_once()
+        assert c.store.count() == 1
+        assert c.store.enforce_retention(3600, max_bytes=1) == (0, 1)
+        assert c.store.count() == 0
+    finally:
+        c.close()
+
+
+@pytest.mark.skipif(not Path("/usr/bin/openssl").exists(), reason="openssl not installed")
+def test_tls_grpc_and_https_query(tmp_path: Path) -> None:
+    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-subj", "/CN=localhost", "-addext", "subjectAltName=IP:127.0.0.1",
+                    "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)
+    c = start(tmp_path, tls_cert=str(cert), tls_key=str(key))
+    try:
+        creds = grpc.ssl_channel_credentials(root_certificates=cert.read_bytes())
+        s = ps_grpc.ProfileStoreServiceStub(
+            grpc.secure_channel(f"127.0.0.1:{c.grpc_port}", creds))
+        s.WriteRaw(ps.WriteRawRequest(series=[series()]), timeout=10)
+        r = subprocess.run([sys.executable, "-m", "ember.cli", "query", "--collector",
+                            f"https://127.0.0.1:{c.http_port}", "--ca", str(cert)],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        assert "ns::Box<int>::operator()(int) const" in r.stdout
+        insecure = grpc.insecure_channel(f"127.0.0.1:{c.grpc_port}")
+        with pytest.raises(grpc.RpcError):
+            ps_grpc.ProfileStoreServiceStub(insecure).WriteRaw(ps.WriteRawRequest(), timeout=5)
+    finally:
+        c.close()

@@ -1,0 +1,58 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+from ember.encode.pprof import decode_pprof
+from ember.series import (
+    PROFILE_ID_PREFIX,
+    ProcessLabels,
+    batch_requests,
+    cgroup_of,
+    container_id,
+    make_series,
+)
+from encode.sample_profiles import cpu_profile
+
+HEX = "a" * 64
+
+
+def test_container_ids() -> None:
+    assert container_id("/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1_2."
+                        f"slice/cri-containerd-{HEX}.scope") == HEX
+    assert container_id(f"/kubepods/besteffort/pod1-2/{HEX}") == HEX
+    assert container_id(f"/kubepods/pod1/crio-{HEX}") == HEX
+    assert container_id(f"/system.slice/docker-{HEX}.scope") == HEX
+    assert container_id("/user.slice/user-0.slice/session-1.scope") == ""
+
+
+def test_cgroup_of(tmp_path: Path) -> None:
+    (tmp_path / "5").mkdir()
+    (tmp_path / "5" / "cgroup").write_text("0::/system.slice/x.service\n")
+    assert cgroup_of(5, tmp_path) == "/system.slice/x.service"
+    assert cgroup_of(6, tmp_path) == ""
+
+
+def test_series_labels_id_and_executable_info() -> None:
+    prof = cpu_profile()
+    meta = ProcessLabels(pid=10, comm="app", executable="/usr/bin/app", build_id="abcd")
+    s, pid = make_series(prof.type, prof.samples, meta, 1, 2, {"host": "h"})
+    labels = {lb.name: lb.value for lb in s.labels.labels}
+    assert labels == {"__name__": "ember_cpu", "host": "h", "pid": "10", "comm": "app",
+                      "executable": "/usr/bin/app", "build_id": "abcd"}
+    [sample] = s.samples
+    p = decode_pprof(sample.raw_profile)
+    assert f"{PROFILE_ID_PREFIX}{pid}" in [p.string_table[c] for c in p.comment]
+    assert len(sample.executable_info) == len(p.mapping)
+    assert (p.time_nanos, p.duration_nanos) == (1, 2)
+    s2, pid2 = make_series(prof.type, prof.samples, meta, 1, 2, {})
+    assert pid2 != pid
+
+
+def test_batches_respect_size() -> None:
+    prof = cpu_profile()
+    series = [make_series(prof.type, prof.samples, ProcessLabels(pid=i), 1, 2, {})[0]
+              for i in range(10)]
+    one = series[0].ByteSize()
+    reqs = batch_requests(series, 3 * one + 30)
+    assert [len(r.series) for r in reqs] == [3, 3, 3, 1]
+    assert batch_requests([], 100) == []
