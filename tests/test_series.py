@@ -44,7 +44,7 @@ def test_series_labels_id_and_executable_info() -> None:
     assert f"{PROFILE_ID_PREFIX}{pid}" in [p.string_table[c] for c in p.comment]
     assert len(sample.executable_info) == len(p.mapping)
     assert (p.time_nanos, p.duration_nanos) == (1, 2)
-    s2, pid2 = make_series(prof.type, prof.samples, meta, 1, 2, {})
+    _, pid2 = make_series(prof.type, prof.samples, meta, 1, 2, {})
     assert pid2 != pid
 
 

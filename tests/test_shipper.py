@@ -9,6 +9,7 @@ from pathlib import Path
 
 import grpc
 from prometheus_client import CollectorRegistry
+from test_collector import series
 
 from ember.collector import Collector, _Servicer
 from ember.config import CollectorConfig
@@ -16,7 +17,6 @@ from ember.metrics import AgentMetrics
 from ember.proto import profilestore_pb2 as ps
 from ember.shipper import Endpoint, Shipper
 from ember.spool import Spool
-from test_collector import series
 
 
 def free_port() -> int:
