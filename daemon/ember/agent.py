@@ -18,9 +18,8 @@ import os
 import threading
 import time
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
@@ -28,6 +27,7 @@ from . import abi, config, host
 from .builder import SampleBuilder
 from .drain import Drainer
 from .errors import ConfigError, EmberError, SymbolizationError
+from .httpserve import Reply, serve
 from .ksyms import KernelSymbols
 from .metrics import AgentMetrics, BpfStatsCollector
 from .model import OFFCPU_TYPE, ProfileType, cpu_type
@@ -326,37 +326,16 @@ class Agent:
     def healthy(self) -> bool:
         return time.monotonic() - self.state.last_loop < 3 * self.cfg.interval + 10
 
+    def route(self, path: str, _query: dict[str, list[str]], _auth: str) -> Reply:
+        if path == "/metrics":
+            return 200, generate_latest(self.registry), CONTENT_TYPE_LATEST
+        if path == "/healthz":
+            ok = self.healthy()
+            return (200 if ok else 503), (b"ok\n" if ok else b"stalled\n"), "text/plain"
+        if path == "/readyz":
+            ok = self.state.attached and not self._closed
+            return (200 if ok else 503), (b"ready\n" if ok else b"not ready\n"), "text/plain"
+        return 404, b"not found\n", "text/plain"
+
     def _serve_http(self) -> None:
-        agent = self
-        hostname, port = self.cfg.metrics_listen.rsplit(":", 1)
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                path = self.path.split("?", 1)[0]
-                if path == "/metrics":
-                    self._reply(200, generate_latest(agent.registry), CONTENT_TYPE_LATEST)
-                elif path == "/healthz":
-                    ok = agent.healthy()
-                    self._reply(200 if ok else 503, b"ok\n" if ok else b"stalled\n")
-                elif path == "/readyz":
-                    ok = agent.state.attached and not agent._closed
-                    self._reply(200 if ok else 503, b"ready\n" if ok else b"not ready\n")
-                else:
-                    self._reply(404, b"not found\n")
-
-            def _reply(self, code: int, body: bytes, ctype: str = "text/plain") -> None:
-                self.send_response(code)
-                self.send_header("Content-Type", ctype)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, fmt: str, *args: Any) -> None:
-                log.debug("http: " + fmt, *args)
-
-        try:
-            self._http = ThreadingHTTPServer((hostname, int(port)), Handler)
-        except OSError as exc:
-            raise ConfigError(f"metrics_listen {self.cfg.metrics_listen}: {exc.strerror}") from exc
-        self._http.daemon_threads = True
-        threading.Thread(target=self._http.serve_forever, name="ember-http", daemon=True).start()
+        self._http = serve(self.cfg.metrics_listen, self.route, "metrics_listen")

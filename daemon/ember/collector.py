@@ -24,16 +24,17 @@ import ssl
 import threading
 import time
 from concurrent import futures
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, unquote, urlparse
+from urllib.parse import unquote
 
 import grpc
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from .config import CollectorConfig, parse_duration
 from .errors import ConfigError
+from .httpserve import Reply, serve
 from .metrics import CollectorMetrics
 from .proto import profilestore_pb2 as ps
 from .proto import profilestore_pb2_grpc as ps_grpc
@@ -176,12 +177,11 @@ class Collector:
         self.store.close()
 
     # --- HTTP API ---
-    def handle(self, path: str, query: dict[str, list[str]], auth: str
-               ) -> tuple[int, bytes, str]:
-        def error(code: int, msg: str) -> tuple[int, bytes, str]:
+    def handle(self, path: str, query: dict[str, list[str]], auth: str) -> Reply:
+        def error(code: int, msg: str) -> Reply:
             return code, json.dumps({"error": msg}).encode(), "application/json"
 
-        def ok(obj: Any) -> tuple[int, bytes, str]:
+        def ok(obj: Any) -> Reply:
             return 200, json.dumps(obj).encode(), "application/json"
 
         if path == "/healthz":
@@ -204,7 +204,7 @@ class Collector:
                 return error(400, str(exc))
         return error(404, f"no such endpoint: {path}")
 
-    def _profile(self, q: dict[str, list[str]]) -> tuple[int, bytes, str]:
+    def _profile(self, q: dict[str, list[str]]) -> Reply:
         fmt = q.get("format", ["folded"])[-1]
         if fmt not in FORMATS:
             raise ValueError(f"format must be one of {', '.join(FORMATS)}")
@@ -235,39 +235,9 @@ class Collector:
         return 200, body, ctype
 
     def _serve_http(self) -> None:
-        collector = self
-        host, port = self.cfg.http_listen.rsplit(":", 1)
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                url = urlparse(self.path)
-                try:
-                    code, body, ctype = collector.handle(
-                        url.path, parse_qs(url.query, keep_blank_values=True),
-                        self.headers.get("Authorization", ""))
-                except Exception as exc:  # never let a request take the server down
-                    log.exception("HTTP %s failed", self.path)
-                    code, body, ctype = 500, json.dumps({"error": str(exc)}).encode(), \
-                        "application/json"
-                collector.metrics.queries.labels(str(code)).inc()
-                self.send_response(code)
-                self.send_header("Content-Type", ctype)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, fmt: str, *args: Any) -> None:
-                log.debug("http: " + fmt, *args)
-
-        try:
-            self._http = ThreadingHTTPServer((host, int(port)), Handler)
-        except OSError as exc:
-            raise ConfigError(f"collector.http_listen {self.cfg.http_listen}: {exc.strerror}") \
-                from exc
+        tls = None
         if self.cfg.tls_cert:
-            ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-            ctx.load_cert_chain(self.cfg.tls_cert, self.cfg.tls_key)
-            self._http.socket = ctx.wrap_socket(self._http.socket, server_side=True)
-        self._http.daemon_threads = True
-        threading.Thread(target=self._http.serve_forever, name="ember-http",
-                         daemon=True).start()
+            tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            tls.load_cert_chain(self.cfg.tls_cert, self.cfg.tls_key)
+        self._http = serve(self.cfg.http_listen, self.handle, "collector.http_listen", tls,
+                           on_reply=lambda code: self.metrics.queries.labels(str(code)).inc())
