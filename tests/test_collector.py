@@ -220,17 +220,35 @@ def test_tls_grpc_and_https_query(tmp_path: Path) -> None:
     subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
                     "-subj", "/CN=localhost", "-addext", "subjectAltName=IP:127.0.0.1",
                     "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)
-    c = start(tmp_path, tls_cert=str(cert), tls_key=str(key))
+    token = tmp_path / "token"
+    token.write_text("t0k")
+    c = start(tmp_path, tls_cert=str(cert), tls_key=str(key), token_file=str(token))
     try:
         creds = grpc.ssl_channel_credentials(root_certificates=cert.read_bytes())
         s = ps_grpc.ProfileStoreServiceStub(
             grpc.secure_channel(f"127.0.0.1:{c.grpc_port}", creds))
-        s.WriteRaw(ps.WriteRawRequest(series=[series()]), timeout=10)
+        s.WriteRaw(ps.WriteRawRequest(series=[series()]), timeout=10,
+                   metadata=[("authorization", "Bearer t0k")])
         r = subprocess.run([sys.executable, "-m", "ember.cli", "query", "--collector",
-                            f"https://127.0.0.1:{c.http_port}", "--ca", str(cert)],
+                            f"https://127.0.0.1:{c.http_port}", "--ca", str(cert),
+                            "--token-file", str(token)],
                            capture_output=True, text=True, timeout=60)
         assert r.returncode == 0, r.stderr
         assert "ns::Box<int>::operator()(int) const" in r.stdout
+        # the agent's own shipper, over TLS with a token
+        from prometheus_client import CollectorRegistry
+
+        from ember.metrics import AgentMetrics
+        from ember.shipper import Endpoint, Shipper
+        from ember.spool import Spool
+        spool = Spool(tmp_path / "spool", 1 << 20)
+        spool.put(ps.WriteRawRequest(series=[series(77)]).SerializeToString())
+        shipper = Shipper(spool, Endpoint(f"127.0.0.1:{c.grpc_port}", token="t0k",
+                                          tls_ca=cert.read_bytes()),
+                          AgentMetrics(CollectorRegistry()))
+        item = spool.oldest()
+        assert item is not None and shipper.send_one(*item)
+        assert c.store.label_values("pid") == ["10", "77"]
         insecure = grpc.insecure_channel(f"127.0.0.1:{c.grpc_port}")
         with pytest.raises(grpc.RpcError):
             ps_grpc.ProfileStoreServiceStub(insecure).WriteRaw(ps.WriteRawRequest(), timeout=5)

@@ -4,7 +4,8 @@ PIDs are matched directly; comm and executable patterns are evaluated
 against /proc every ``target_refresh`` (a process started in between is
 picked up at the next refresh); a cgroup path selects that cgroup and every
 cgroup below it, by cgroup v2 id (the directory's inode number, which is
-what bpf_get_current_cgroup_id() returns).
+what bpf_get_current_cgroup_id() returns), under wherever cgroup v2 is
+mounted.
 """
 
 from __future__ import annotations
@@ -28,12 +29,25 @@ class Resolved:
     cgroups: frozenset[int]
 
 
+def cgroup2_root(mounts: Path = Path("/proc/self/mounts")) -> Path:
+    """Where cgroup v2 is mounted: /sys/fs/cgroup on unified hosts,
+    /sys/fs/cgroup/unified on hybrid ones."""
+    try:
+        for line in mounts.read_text().splitlines():
+            parts = line.split()
+            if len(parts) > 2 and parts[2] == "cgroup2":
+                return Path(parts[1])
+    except OSError:
+        pass
+    return Path("/sys/fs/cgroup")
+
+
 class TargetResolver:
     def __init__(self, targets: Targets, proc: Path = Path("/proc"),
-                 cgroupfs: Path = Path("/sys/fs/cgroup")):
+                 cgroupfs: Path | None = None):
         self.targets = targets
         self.proc = proc
-        self.cgroupfs = cgroupfs
+        self.cgroupfs = cgroupfs or cgroup2_root()
         self._comm = [re.compile(p) for p in targets.comm]
         self._exe = [re.compile(p) for p in targets.exe]
 

@@ -202,3 +202,71 @@ def test_prometheus_scrapes_the_agent(start_workload, tmp_path: Path) -> None:  
     finally:
         prom.terminate()
         prom.wait(timeout=30)
+
+
+def stored_pids(c: Collector) -> set[str]:
+    return {r.labels["pid"] for r in c.store.query(0, time.time_ns() + 10**9, {}, None)}
+
+
+def test_comm_and_cgroup_targets_filter_in_the_kernel(start_workload, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    from ember.targets import cgroup2_root
+
+    shares, pie, other = (start_workload("cpu_shares"), start_workload("pie_main"),
+                          start_workload("cpp_names"))
+    cgroup = cgroup2_root() / f"ember-test-{os.getpid()}"
+    cgroup.mkdir()
+    try:
+        (cgroup / "cgroup.procs").write_text(str(pie.pid))
+        port = free_port()
+        c = collector_at(tmp_path, port)
+        try:
+            cfg = agent_cfg(tmp_path, port, shares.pid, offcpu=False,
+                            targets=Targets(comm=("^cpu_shares$",),
+                                            cgroups=(f"/{cgroup.name}",)))
+            with running_agent(cfg) as agent:
+                time.sleep(3)
+            assert stored_pids(c) == {str(shares.pid), str(pie.pid)}
+            assert str(other.pid) not in stored_pids(c)
+            assert agent.metrics.targets._value.get() >= 2
+        finally:
+            c.close()
+    finally:
+        (cgroup2_root() / "cgroup.procs").write_text(str(pie.pid))
+        cgroup.rmdir()
+
+
+def test_sighup_moves_to_another_collector(start_workload, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    w = start_workload("cpu_shares", seconds=120)
+    port_a, port_b = free_port(), free_port()
+    a = collector_at(tmp_path / "a", port_a)
+    b = collector_at(tmp_path / "b", port_b)
+    cfg = tmp_path / "ember.yaml"
+
+    def write(port: int) -> None:
+        cfg.write_text(f"agent:\n  collector: 127.0.0.1:{port}\n  interval: 1s\n"
+                       f"  spool_dir: {tmp_path / 'spool'}\n"
+                       f"  metrics_listen: 127.0.0.1:{free_port()}\n"
+                       f"  targets:\n    pids: [{w.pid}]\n")
+
+    write(port_a)
+    agent = subprocess.Popen([sys.executable, "-m", "ember.cli", "agent", "--config", str(cfg)],
+                             stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not a.store.count() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert a.store.count() > 0
+        write(port_b)
+        agent.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + 30
+        while not b.store.count() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert b.store.count() > 0
+        agent.send_signal(signal.SIGTERM)
+        _, err = agent.communicate(timeout=60)
+        assert agent.returncode == 0 and "configuration reloaded" in err, err
+    finally:
+        if agent.poll() is None:
+            agent.kill()
+        a.close()
+        b.close()
