@@ -117,6 +117,40 @@ def build_parser() -> argparse.ArgumentParser:
     qu.add_argument("--ca", help="CA certificate (PEM) for an https collector")
     qu.set_defaults(func=cmd_query)
 
+    fg = sub.add_parser("flamegraph", help="render folded stacks or pprof as an interactive SVG",
+                        description="Render a flame graph: INPUT is folded stacks, a pprof "
+                                    "file, - (stdin), or a collector query URL.")
+    fg.add_argument("input")
+    fg.add_argument("--output", "-o", help="OUT.svg or OUT.html (default: SVG on stdout)")
+    fg.add_argument("--title")
+    fg.add_argument("--countname", default="samples",
+                    help="what folded counts are; ns, us, ms or s mean time (default samples)")
+    fg.add_argument("--palette", choices=("auto", "hot", "io"), default="auto")
+    fg.add_argument("--inverted", action="store_true", help="icicle layout: root at the top")
+    fg.add_argument("--width", type=_int, default=1200)
+    fg.add_argument("--cold", metavar="OFFCPU_INPUT",
+                    help="hot/cold: add this off-CPU profile; widths in time")
+    fg.add_argument("--frequency", type=_int,
+                    help="hot/cold with folded on-CPU input: its sampling frequency")
+    fg.set_defaults(func=cmd_flamegraph)
+
+    df = sub.add_parser("diff", help="red/blue differential flame graph of two profiles",
+                        description="Shapes from AFTER; red where a frame grew, blue where it "
+                                    "shrank, intensity by the size of the change.")
+    df.add_argument("before")
+    df.add_argument("after")
+    df.add_argument("--output", "-o", help="OUT.svg or OUT.html (default: SVG on stdout)")
+    df.add_argument("--folded", help="also write the two-column diff 'stack before after'")
+    df.add_argument("--normalize", action="store_true", help="scale BEFORE to AFTER's total")
+    df.add_argument("--strip-hex", action="store_true",
+                    help="ignore raw addresses (0x...) so unknown frames compare")
+    df.add_argument("--negate", action="store_true",
+                    help="shapes from BEFORE, to show what vanished")
+    df.add_argument("--title")
+    df.add_argument("--countname", default="samples")
+    df.add_argument("--width", type=_int, default=1200)
+    df.set_defaults(func=cmd_diff)
+
     ref = sub.add_parser("config-reference", help="print the configuration reference")
     ref.set_defaults(func=cmd_config_reference)
     return parser
@@ -309,6 +343,39 @@ def cmd_query(args: argparse.Namespace) -> int:
         raise EmberError(f"cannot reach {args.collector}: {getattr(exc, 'reason', exc)}") \
             from None
     _write(args.output, data)
+    return 0
+
+
+def _write_graph(path: str | None, svg_text: str, title: str) -> None:
+    from .encode.svg import to_html
+
+    if path is not None:
+        _check_output(path)
+    data = to_html(svg_text, title) if path and path.endswith((".html", ".htm")) else svg_text
+    _write(path, data.encode())
+
+
+def cmd_flamegraph(args: argparse.Namespace) -> int:
+    from .flame import flamegraph
+
+    if args.width < 100:
+        raise UsageError("--width must be at least 100")
+    text = flamegraph(args.input, args.title, args.countname, args.palette, args.inverted,
+                      args.width, args.cold, args.frequency)
+    _write_graph(args.output, text, args.title or "ember flame graph")
+    return 0
+
+
+def cmd_diff(args: argparse.Namespace) -> int:
+    from .flame import diff
+
+    if args.folded:
+        _check_output(args.folded)
+    text, two_column = diff(args.before, args.after, args.normalize, args.strip_hex,
+                            args.negate, args.title, args.countname, args.width)
+    _write_graph(args.output, text, args.title or "ember differential flame graph")
+    if args.folded:
+        _write(args.folded, two_column.encode())
     return 0
 
 

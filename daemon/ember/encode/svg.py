@@ -1,0 +1,361 @@
+"""Flame graphs as self-contained interactive SVG (no Perl, no network).
+
+The stacks become a tree; each frame is a <g class="f"> with its value and
+offset in ``data-v``/``data-o`` (in count units), a <title> for hover, a rect
+and a label truncated to fit. The embedded script handles hover details,
+click to zoom, "Reset zoom", and regex search (button or Ctrl-F) with the
+matched share. Siblings too narrow to draw are merged into one frame
+("[N narrow frames]") so their weight is never lost.
+
+Colours are deterministic per function name (a hash picks the shade), so
+two graphs can be compared by eye. Palettes: "hot" (on-CPU), "io" (off-CPU,
+blue), and per-kind hints (kernel frames orange-brown, ember's markers
+grey). Differential graphs colour each frame by its change: red grew, blue
+shrank, intensity by the size of the change. Hot/cold graphs colour by the
+share of a frame's time spent off-CPU.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import html
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from ..model import FrameKind
+
+FRAME_H = 16
+FONT = 12
+CHAR_W = 0.59 * FONT  # average glyph width used for truncation
+PAD_TOP = 56
+PAD_BOTTOM = 34
+PAD_X = 10
+NARROW = "[{n} narrow frames]"
+
+
+@dataclass
+class Node:
+    name: str
+    value: float = 0.0
+    other: float = 0.0          # diff: the other profile's value; hot/cold: off-CPU part
+    kind: str = ""
+    children: dict[str, Node] = field(default_factory=dict)
+
+    def child(self, name: str, kind: str = "") -> Node:
+        c = self.children.get(name)
+        if c is None:
+            c = self.children[name] = Node(name, kind=kind)
+        return c
+
+
+def build_tree(stacks: Mapping[str, float], other: Mapping[str, float] | None = None,
+               kinds: Mapping[str, str] | None = None) -> Node:
+    """Folded stacks -> tree. ``other`` adds a second value per frame (the
+    baseline of a diff, or the off-CPU share of hot/cold)."""
+    root = Node("all")
+    for source, attr in ((stacks, "value"), (other or {}, "other")):
+        for stack, v in source.items():
+            if v <= 0:
+                continue
+            node = root
+            setattr(node, attr, getattr(node, attr) + v)
+            after_delim = False
+            for name in stack.split(";"):
+                if name == "-":
+                    after_delim = True
+                    continue
+                kind = (kinds or {}).get(name, "")
+                if not kind:
+                    if name.startswith("[") and name.endswith("]"):
+                        kind = FrameKind.SYNTHETIC
+                    elif after_delim:
+                        kind = FrameKind.KERNEL
+                node = node.child(name, kind)
+                setattr(node, attr, getattr(node, attr) + v)
+    return root
+
+
+# --- colours ------------------------------------------------------------------
+
+def _hash(name: str) -> float:
+    """A stable number in [0, 1) per name (not Python's salted hash())."""
+    return int.from_bytes(hashlib.blake2s(name.encode(), digest_size=4).digest(), "big") / 2**32
+
+
+def colour(name: str, kind: str, palette: str) -> str:
+    h = _hash(name)
+    if kind == FrameKind.SYNTHETIC:
+        g = int(170 + 40 * h)
+        return f"rgb({g},{g},{g})"
+    if palette == "io":
+        return f"rgb({int(80 + 60 * h)},{int(120 + 60 * h)},{int(200 + 55 * h)})"
+    if kind == FrameKind.KERNEL:
+        return f"rgb({int(200 + 30 * h)},{int(130 + 40 * h)},{int(60 + 30 * h)})"
+    return f"rgb({int(205 + 50 * h)},{int(230 * h)},{int(55 * h)})"  # hot
+
+
+def diff_colour(delta: float, max_abs: float) -> str:
+    """Red for growth, blue for shrinkage, white-ish for no change; the
+    intensity is |delta| relative to the largest change in the graph."""
+    if max_abs <= 0 or delta == 0:
+        return "rgb(250,250,250)"
+    r = min(1.0, abs(delta) / max_abs)
+    c = round(210 * (1 - r))
+    return f"rgb(255,{c},{c})" if delta > 0 else f"rgb({c},{c},255)"
+
+
+def hotcold_colour(name: str, cold_share: float) -> str:
+    return colour(name, "", "io" if cold_share >= 0.5 else "hot")
+
+
+# --- rendering ----------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Options:
+    title: str = "Flame Graph"
+    countname: str = "samples"
+    unit_scale: float = 1.0       # multiply values by this for display...
+    unit: str = ""                # ...in this unit ("ms", "s"); "" means countname
+    palette: str = "hot"          # hot, io
+    mode: str = "plain"           # plain, diff, hotcold
+    inverted: bool = False        # icicle: root at the top
+    negate: bool = False          # diff drawn with BEFORE's shapes (value=before, other=after)
+    width: int = 1200
+    min_width: float = 0.1        # pixels
+
+
+def _fmt(v: float, o: Options) -> str:
+    if o.unit:
+        x = v * o.unit_scale
+        return f"{x:,.3f} {o.unit}" if x < 10 else f"{x:,.1f} {o.unit}"
+    return f"{v:,.0f} {o.countname}"
+
+
+def _label(name: str, width_px: float) -> str:
+    fits = int((width_px - 6) / CHAR_W)
+    if fits < 3:
+        return ""
+    return name if len(name) <= fits else name[: fits - 2] + ".."
+
+
+def render(root: Node, o: Options) -> str:
+    total = root.value
+    plot_w = o.width - 2 * PAD_X
+    scale = plot_w / total if total > 0 else 0.0
+    min_v = o.min_width / scale if scale else 0.0
+    frames: list[str] = []
+    max_depth = 0
+    max_abs = 0.0
+    todo = [(root, 0)]
+    while todo:
+        n, dep = todo.pop()
+        max_depth = max(max_depth, dep)
+        if o.mode == "diff":
+            max_abs = max(max_abs, abs(n.value - n.other))
+        todo.extend((c, dep + 1) for c in n.children.values() if c.value >= min_v)
+
+    def y_of(depth: int) -> int:
+        return PAD_TOP + (depth if o.inverted else max_depth - depth) * FRAME_H
+
+    def emit(node: Node, offset: float, depth: int, title_extra: str = "") -> None:
+        pct = 100.0 * node.value / total if total else 0.0
+        if o.mode == "diff":
+            # red always means "grew from before to after"
+            delta = (node.other - node.value) if o.negate else (node.value - node.other)
+            fill = diff_colour(delta, max_abs)
+            before = node.value if o.negate else node.other
+            change = f"{'+' if delta >= 0 else ''}{_fmt(delta, o)}"
+            rel = f" ({100 * delta / before:+.1f}%)" if before else " (new)"
+            info = f"{_fmt(node.value, o)}, {pct:.2f}%; change {change}{rel}"
+        elif o.mode == "hotcold":
+            cold = node.other / node.value if node.value else 0.0
+            fill = hotcold_colour(node.name, cold)
+            info = f"{_fmt(node.value, o)}, {pct:.2f}%; {100 * cold:.0f}% off-CPU"
+        else:
+            fill = colour(node.name, node.kind, o.palette)
+            info = f"{_fmt(node.value, o)}, {pct:.2f}%"
+        x = PAD_X + offset * scale
+        w = node.value * scale
+        y = y_of(depth)
+        esc = html.escape(node.name, quote=True)
+        frames.append(
+            f'<g class="f" data-n="{esc}" data-v="{node.value:g}" data-o="{offset:g}" '
+            f'data-d="{depth}">'
+            f"<title>{esc} ({html.escape(info)}{title_extra})</title>"
+            f'<rect x="{x:.2f}" y="{y}" width="{w:.2f}" height="{FRAME_H - 1}" fill="{fill}" '
+            f'rx="2"/><text x="{x + 3:.2f}" y="{y + FRAME_H // 2}">'
+            f"{html.escape(_label(node.name, w))}</text></g>")
+        child_off = offset
+        narrow: list[Node] = []
+        for name in sorted(node.children):
+            c = node.children[name]
+            if c.value <= 0:
+                continue  # only in the other profile of a diff: no width here
+            if c.value < min_v:
+                narrow.append(c)
+                continue
+            if narrow:
+                child_off = flush(narrow, child_off, depth + 1)
+                narrow = []
+            emit(c, child_off, depth + 1)
+            child_off += c.value
+        if narrow:
+            flush(narrow, child_off, depth + 1)
+
+    def flush(narrow: list[Node], offset: float, depth: int) -> float:
+        if len(narrow) == 1:
+            emit(narrow[0], offset, depth)
+            return offset + narrow[0].value
+        merged = Node(NARROW.format(n=len(narrow)), sum(c.value for c in narrow),
+                      sum(c.other for c in narrow), FrameKind.SYNTHETIC)
+        names = ", ".join(c.name for c in narrow[:8]) + (", ..." if len(narrow) > 8 else "")
+        emit(merged, offset, depth, f"; {names}")  # kept even if narrow: its weight counts
+        return offset + merged.value
+
+    emit(root, 0.0, 0)
+    height = PAD_TOP + (max_depth + 1) * FRAME_H + PAD_BOTTOM
+    body = "\n".join(frames)
+    return _SVG.format(
+        width=o.width, height=height, title=html.escape(o.title),
+        body=body, script=_SCRIPT, plot_w=plot_w, pad_x=PAD_X, frame_h=FRAME_H,
+        pad_top=PAD_TOP, depth=max_depth, inverted="true" if o.inverted else "false",
+        unit=html.escape(o.unit or o.countname), scale=o.unit_scale if o.unit else 1,
+        total=total, details_y=height - 12, font=FONT, half=o.width // 2,
+        search_x=o.width - 120)
+
+
+_SVG = """<?xml version="1.0" standalone="no"?>
+<svg version="1.1" width="{width}" height="{height}" viewBox="0 0 {width} {height}" \
+xmlns="http://www.w3.org/2000/svg" data-total="{total:g}" data-plot-w="{plot_w}" \
+data-pad-x="{pad_x}" data-frame-h="{frame_h}" data-pad-top="{pad_top}" data-depth="{depth}" \
+data-inverted="{inverted}" data-unit="{unit}" data-scale="{scale}">
+<style>
+text {{ font-family: Verdana, sans-serif; font-size: {font}px; fill: rgb(0,0,0); }}
+#frames text {{ pointer-events: none; dominant-baseline: middle; }}
+.f:hover rect {{ stroke: rgb(0,0,0); stroke-width: 0.5; cursor: pointer; }}
+.hide {{ display: none; }}
+.faded rect {{ opacity: 0.5; }}
+#title {{ font-size: 17px; text-anchor: middle; }}
+.button {{ cursor: pointer; fill: rgb(0,0,160); }}
+.button.hidden {{ opacity: 0; }}
+</style>
+<rect x="0" y="0" width="{width}" height="{height}" fill="rgb(248,248,248)"/>
+<text id="title" x="{half}" y="24">{title}</text>
+<text id="reset" class="button hidden" x="10" y="24">Reset zoom</text>
+<text id="search" class="button" x="{search_x}" y="24">Search</text>
+<text id="matched" x="{search_x}" y="{details_y}"></text>
+<text id="details" x="10" y="{details_y}"> </text>
+<g id="frames">
+{body}
+</g>
+<script type="text/ecmascript"><![CDATA[
+{script}
+]]></script>
+</svg>
+"""
+
+
+_SCRIPT = r"""
+(function () {
+  var svg = document.documentElement.tagName === "svg" ? document.documentElement
+            : document.querySelector("svg");
+  var d = svg.dataset, total = +d.total, plotW = +d.plotW, padX = +d.padX;
+  var fh = +d.frameH, padTop = +d.padTop, depth = +d.depth, inverted = d.inverted === "true";
+  var frames = Array.prototype.slice.call(svg.querySelectorAll("g.f"));
+  var details = svg.querySelector("#details");
+  var reset = svg.querySelector("#reset"), search = svg.querySelector("#search");
+  var matchedText = svg.querySelector("#matched");
+  var charW = 0.59 * 12, zoomO = 0, zoomV = total, zoomD = 0, current = null;
+
+  function name(g) { return g.dataset.n; }
+  function y(dep) { return inverted ? padTop + dep * fh : padTop + (depth - dep) * fh; }
+  function label(text, w) {
+    var fits = Math.floor((w - 6) / charW);
+    if (fits < 3) return "";
+    return text.length <= fits ? text : text.slice(0, fits - 2) + "..";
+  }
+  function layout() {
+    frames.forEach(function (g) {
+      var o = +g.dataset.o, v = +g.dataset.v, dep = +g.dataset.d;
+      var r = g.querySelector("rect"), t = g.querySelector("text");
+      var inside = o + v > zoomO && o < zoomO + zoomV;
+      var ancestor = dep < zoomD && o <= zoomO && o + v >= zoomO + zoomV;
+      if (!inside || (dep < zoomD && !ancestor) || (v / zoomV) * plotW < 0.1) {
+        g.classList.add("hide"); return;
+      }
+      g.classList.remove("hide");
+      g.classList.toggle("faded", ancestor && zoomD > 0);
+      var x0 = Math.max(o, zoomO), x1 = Math.min(o + v, zoomO + zoomV);
+      var x = padX + (x0 - zoomO) / zoomV * plotW, w = (x1 - x0) / zoomV * plotW;
+      r.setAttribute("x", x.toFixed(2)); r.setAttribute("width", w.toFixed(2));
+      r.setAttribute("y", y(dep)); t.setAttribute("x", (x + 3).toFixed(2));
+      t.setAttribute("y", y(dep) + fh / 2);
+      t.textContent = label(name(g), w);
+    });
+  }
+  function zoom(g) {
+    current = g; zoomO = +g.dataset.o; zoomV = +g.dataset.v; zoomD = +g.dataset.d;
+    reset.classList.remove("hidden"); layout();
+  }
+  function unzoom() {
+    current = null; zoomO = 0; zoomV = total; zoomD = 0; reset.classList.add("hidden"); layout();
+  }
+  function doSearch(re) {
+    var regex;
+    try { regex = new RegExp(re); } catch (e) { matchedText.textContent = "bad regex"; return; }
+    var spans = [];
+    frames.forEach(function (g) {
+      var r = g.querySelector("rect");
+      if (r.dataset.fill === undefined) r.dataset.fill = r.getAttribute("fill");
+      if (re && regex.test(name(g))) {
+        r.setAttribute("fill", "rgb(230,0,230)");
+        spans.push([+g.dataset.o, +g.dataset.o + +g.dataset.v]);
+      } else r.setAttribute("fill", r.dataset.fill);
+    });
+    // matched share without counting nested matches twice
+    spans.sort(function (a, b) { return a[0] - b[0] || b[1] - a[1]; });
+    var sum = 0, end = -1;
+    spans.forEach(function (s) {
+      if (s[0] >= end) { sum += s[1] - s[0]; end = s[1]; }
+      else if (s[1] > end) { sum += s[1] - end; end = s[1]; }
+    });
+    matchedText.textContent = re ? "Matched: " + (100 * sum / total).toFixed(2) + "%" : "";
+    svg.dataset.matched = re ? (100 * sum / total).toFixed(2) : "";
+  }
+  frames.forEach(function (g) {
+    g.addEventListener("mouseover", function () {
+      details.textContent = g.querySelector("title").textContent;
+    });
+    g.addEventListener("mouseout", function () { details.textContent = " "; });
+    g.addEventListener("click", function (e) { zoom(g); e.stopPropagation(); });
+  });
+  reset.addEventListener("click", unzoom);
+  search.addEventListener("click", function () {
+    var re = prompt("Search (regular expression):", "");
+    if (re !== null) doSearch(re);
+  });
+  window.addEventListener("keydown", function (e) {
+    if ((e.ctrlKey || e.metaKey) && e.key === "f") {
+      e.preventDefault();
+      var re = prompt("Search (regular expression):", "");
+      if (re !== null) doSearch(re);
+    } else if (e.key === "Escape") { unzoom(); doSearch(""); }
+  });
+  svg.emberZoom = zoom; svg.emberReset = unzoom; svg.emberSearch = doSearch;
+  layout();
+})();
+"""
+
+
+def to_html(svg: str, title: str) -> str:
+    body = svg.split("?>", 1)[1] if svg.startswith("<?xml") else svg
+    return (f"<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>{html.escape(title)}"
+            f"</title></head><body style=\"margin:0\">{body}</body></html>\n")
+
+
+def merge_kinds(frames: Iterable[tuple[str, str]]) -> dict[str, str]:
+    """name -> kind from (name, kind) pairs; the first kind seen wins."""
+    out: dict[str, str] = {}
+    for name, kind in frames:
+        out.setdefault(name, kind)
+    return out
