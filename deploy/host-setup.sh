@@ -50,8 +50,9 @@ packages=(python3-bpfcc python3-venv python3-dev)
 if [ $dev = 1 ]; then
     # gcc/g++/make build the test fixtures; golang-go provides `go tool pprof`;
     # linux-perf provides `perf bench sched pipe` for bench/; prometheus scrapes
-    # the agent in the tests; openssl makes their TLS certificates.
-    packages+=(gcc g++ make golang-go linux-perf prometheus openssl)
+    # the agent in the tests; openssl makes their TLS certificates; chromium
+    # is the browser the web UI test drives (through Playwright).
+    packages+=(gcc g++ make golang-go linux-perf prometheus openssl chromium)
 fi
 apt_install "${packages[@]}"
 

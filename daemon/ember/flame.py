@@ -15,6 +15,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,7 +24,7 @@ from .encode import svg
 from .encode.folded import fold, parse_folded
 from .encode.pprof import decode_pprof, from_proto
 from .errors import UsageError
-from .model import Profile, ProfileType, merge_samples
+from .model import Profile, ProfileType, Sample, merge_samples
 
 TIME_UNITS = {"ns": 1.0, "us": 1e3, "ms": 1e6, "s": 1e9}
 _HEX = re.compile(r"0x[0-9a-fA-F]+")
@@ -88,6 +89,11 @@ def load(source: str, countname: str = "samples") -> Stacks:
         ptype, samples = from_proto(decode_pprof(data))
     except Exception as exc:
         raise UsageError(f"{source}: neither folded stacks nor a pprof profile ({exc})") from None
+    return stacks_of(ptype, samples)
+
+
+def stacks_of(ptype: ProfileType, samples: Sequence[Sample]) -> Stacks:
+    """Folded stacks of the profile's main (last) value, with frame kinds."""
     last_type, last_unit = ptype.sample_types[-1]
     index = len(ptype.sample_types) - 1
     unit = "ns" if last_unit == "nanoseconds" else last_type
@@ -95,6 +101,22 @@ def load(source: str, countname: str = "samples") -> Stacks:
     profile = Profile(t, merge_samples(samples), 0, 0)
     kinds = svg.merge_kinds((f.name, str(f.kind)) for s in samples for f in s.frames)
     return Stacks(fold(profile), unit, kinds, offcpu=last_type == "off_cpu")
+
+
+def top_functions(s: Stacks, limit: int = 100) -> list[dict[str, object]]:
+    """Self and total value per function name (total counts a name once per
+    stack, however often it recurs)."""
+    self_: Counter[str] = Counter()
+    total: Counter[str] = Counter()
+    for stack, v in s.stacks.items():
+        names = [n for n in stack.split(";")[1:] if n != "-"]  # without the thread name
+        if not names:
+            continue
+        self_[names[-1]] += v
+        for n in set(names):
+            total[n] += v
+    rows = sorted(total, key=lambda n: (-self_[n], -total[n], n))[:limit]
+    return [{"name": n, "self": self_[n], "total": total[n]} for n in rows]
 
 
 def as_time(s: Stacks, frequency: int | None, what: str) -> Stacks:
@@ -125,20 +147,31 @@ def options(s: Stacks, title: str | None, countname: str, palette: str, inverted
                        inverted=inverted, width=width)
 
 
-def flamegraph(source: str, title: str | None = None, countname: str = "samples",
-               palette: str = "auto", inverted: bool = False, width: int = 1200,
-               cold: str | None = None, frequency: int | None = None) -> str:
-    hot = load(source, countname)
-    if cold is None:
-        tree = svg.build_tree(hot.stacks, kinds=hot.kinds)
-        return svg.render(tree, options(hot, title, countname, palette, inverted, width))
-    on = as_time(hot, frequency, source)
-    off = as_time(load(cold, "us"), frequency, cold)
+def graph(s: Stacks, title: str | None = None, countname: str = "samples",
+          palette: str = "auto", inverted: bool = False, width: int = 1200) -> str:
+    tree = svg.build_tree(s.stacks, kinds=s.kinds)
+    return svg.render(tree, options(s, title, countname, palette, inverted, width))
+
+
+def hotcold_graph(on: Stacks, off: Stacks, title: str | None = None,
+                  countname: str = "samples", palette: str = "auto", inverted: bool = False,
+                  width: int = 1200) -> str:
     both = Counter(on.stacks)
     both.update(off.stacks)
     tree = svg.build_tree(both, other=off.stacks, kinds={**off.kinds, **on.kinds})
     return svg.render(tree, options(Stacks(both, "ns", {}), title, countname, palette,
                                     inverted, width, mode="hotcold"))
+
+
+def flamegraph(source: str, title: str | None = None, countname: str = "samples",
+               palette: str = "auto", inverted: bool = False, width: int = 1200,
+               cold: str | None = None, frequency: int | None = None) -> str:
+    hot = load(source, countname)
+    if cold is None:
+        return graph(hot, title, countname, palette, inverted, width)
+    on = as_time(hot, frequency, source)
+    off = as_time(load(cold, "us"), frequency, cold)
+    return hotcold_graph(on, off, title, countname, palette, inverted, width)
 
 
 def strip_hex(stacks: Counter[str]) -> Counter[str]:
@@ -152,7 +185,13 @@ def diff(before_src: str, after_src: str, normalize: bool = False, strip: bool =
          negate: bool = False, title: str | None = None, countname: str = "samples",
          width: int = 1200) -> tuple[str, str]:
     """(SVG, two-column folded diff "stack before after")."""
-    before, after = load(before_src, countname), load(after_src, countname)
+    return diff_graph(load(before_src, countname), load(after_src, countname), normalize,
+                      strip, negate, title, countname, width)
+
+
+def diff_graph(before: Stacks, after: Stacks, normalize: bool = False, strip: bool = False,
+               negate: bool = False, title: str | None = None, countname: str = "samples",
+               width: int = 1200) -> tuple[str, str]:
     if before.unit != after.unit:
         raise UsageError(f"cannot compare {before.unit} with {after.unit}")
     b, a = before.stacks, after.stacks

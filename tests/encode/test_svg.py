@@ -26,11 +26,12 @@ def frames(svg_text: str) -> list[dict[str, object]]:
         rect = g.find("s:rect", NS)
         text = g.find("s:text", NS)
         title = g.find("s:title", NS)
-        assert rect is not None and text is not None and title is not None
+        assert rect is not None and title is not None
         out.append({"name": g.get("data-n"), "v": float(g.get("data-v", 0)),
                     "x": float(rect.get("x", 0)), "w": float(rect.get("width", 0)),
                     "y": float(rect.get("y", 0)), "fill": rect.get("fill"),
-                    "label": text.text or "", "title": title.text or ""})
+                    "label": (text.text or "") if text is not None else "",
+                    "title": title.text or ""})
     return out
 
 

@@ -17,10 +17,12 @@ share of a frame's time spent off-CPU.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import hashlib
 import html
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
 
 from ..model import FrameKind
 
@@ -33,45 +35,78 @@ PAD_X = 10
 NARROW = "[{n} narrow frames]"
 
 
-@dataclass
 class Node:
-    name: str
-    value: float = 0.0
-    other: float = 0.0          # diff: the other profile's value; hot/cold: off-CPU part
-    kind: str = ""
-    children: dict[str, Node] = field(default_factory=dict)
+    """One frame of the tree (a plain slotted class: big profiles make
+    millions of these)."""
 
-    def child(self, name: str, kind: str = "") -> Node:
-        c = self.children.get(name)
-        if c is None:
-            c = self.children[name] = Node(name, kind=kind)
-        return c
+    __slots__ = ("children", "kind", "name", "other", "value")
+
+    def __init__(self, name: str, value: float = 0.0, other: float = 0.0, kind: str = ""):
+        self.name = name
+        self.value = value      # this profile's value (diff: AFTER; hot/cold: on + off)
+        self.other = other      # diff: the baseline's value; hot/cold: the off-CPU part
+        self.kind = kind
+        self.children: dict[str, Node] = {}
 
 
 def build_tree(stacks: Mapping[str, float], other: Mapping[str, float] | None = None,
                kinds: Mapping[str, str] | None = None) -> Node:
     """Folded stacks -> tree. ``other`` adds a second value per frame (the
     baseline of a diff, or the off-CPU share of hot/cold)."""
+    with _no_gc():
+        return _build_tree(stacks, other, kinds)
+
+
+@contextlib.contextmanager
+def _no_gc() -> Iterator[None]:
+    """Big trees are millions of small containers without cycles: the cyclic
+    collector would walk them again and again for nothing."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _build_tree(stacks: Mapping[str, float], other: Mapping[str, float] | None,
+                kinds: Mapping[str, str] | None) -> Node:
     root = Node("all")
-    for source, attr in ((stacks, "value"), (other or {}, "other")):
+    kinds = kinds or {}
+
+    def kind_of(name: str, after_delim: bool) -> str:
+        kind = kinds.get(name, "")
+        if not kind:
+            if name.startswith("[") and name.endswith("]"):
+                kind = FrameKind.SYNTHETIC
+            elif after_delim:
+                kind = FrameKind.KERNEL
+        return kind
+
+    for source, is_other in ((stacks, False), (other or {}, True)):
         for stack, v in source.items():
             if v <= 0:
                 continue
             node = root
-            setattr(node, attr, getattr(node, attr) + v)
             after_delim = False
+            if is_other:
+                node.other += v
+            else:
+                node.value += v
             for name in stack.split(";"):
                 if name == "-":
                     after_delim = True
                     continue
-                kind = (kinds or {}).get(name, "")
-                if not kind:
-                    if name.startswith("[") and name.endswith("]"):
-                        kind = FrameKind.SYNTHETIC
-                    elif after_delim:
-                        kind = FrameKind.KERNEL
-                node = node.child(name, kind)
-                setattr(node, attr, getattr(node, attr) + v)
+                children = node.children
+                child = children.get(name)
+                if child is None:
+                    child = children[name] = Node(name, 0.0, 0.0, kind_of(name, after_delim))
+                node = child
+                if is_other:
+                    node.other += v
+                else:
+                    node.value += v
     return root
 
 
@@ -121,7 +156,7 @@ class Options:
     inverted: bool = False        # icicle: root at the top
     negate: bool = False          # diff drawn with BEFORE's shapes (value=before, other=after)
     width: int = 1200
-    min_width: float = 0.1        # pixels
+    min_width: float = 0.25       # pixels; narrower siblings are merged
 
 
 def _fmt(v: float, o: Options) -> str:
@@ -139,6 +174,11 @@ def _label(name: str, width_px: float) -> str:
 
 
 def render(root: Node, o: Options) -> str:
+    with _no_gc():
+        return _render(root, o)
+
+
+def _render(root: Node, o: Options) -> str:
     total = root.value
     plot_w = o.width - 2 * PAD_X
     scale = plot_w / total if total > 0 else 0.0
@@ -178,13 +218,14 @@ def render(root: Node, o: Options) -> str:
         w = node.value * scale
         y = y_of(depth)
         esc = html.escape(node.name, quote=True)
+        label = _label(node.name, w)
+        text = (f'<text x="{x + 3:.1f}" y="{y + FRAME_H // 2}">{html.escape(label)}</text>'
+                if label else "")
         frames.append(
             f'<g class="f" data-n="{esc}" data-v="{node.value:g}" data-o="{offset:g}" '
-            f'data-d="{depth}">'
-            f"<title>{esc} ({html.escape(info)}{title_extra})</title>"
-            f'<rect x="{x:.2f}" y="{y}" width="{w:.2f}" height="{FRAME_H - 1}" fill="{fill}" '
-            f'rx="2"/><text x="{x + 3:.2f}" y="{y + FRAME_H // 2}">'
-            f"{html.escape(_label(node.name, w))}</text></g>")
+            f'data-d="{depth}"><title>{esc} ({html.escape(info)}{title_extra})</title>'
+            f'<rect x="{x:.1f}" y="{y}" width="{w:.1f}" height="{FRAME_H - 1}" '
+            f'fill="{fill}"/>{text}</g>')
         child_off = offset
         narrow: list[Node] = []
         for name in sorted(node.children):
@@ -207,7 +248,7 @@ def render(root: Node, o: Options) -> str:
             emit(narrow[0], offset, depth)
             return offset + narrow[0].value
         merged = Node(NARROW.format(n=len(narrow)), sum(c.value for c in narrow),
-                      sum(c.other for c in narrow), FrameKind.SYNTHETIC)
+                      sum(c.other for c in narrow), str(FrameKind.SYNTHETIC))
         names = ", ".join(c.name for c in narrow[:8]) + (", ..." if len(narrow) > 8 else "")
         emit(merged, offset, depth, f"; {names}")  # kept even if narrow: its weight counts
         return offset + merged.value
@@ -278,6 +319,10 @@ _SCRIPT = r"""
     frames.forEach(function (g) {
       var o = +g.dataset.o, v = +g.dataset.v, dep = +g.dataset.d;
       var r = g.querySelector("rect"), t = g.querySelector("text");
+      if (!t) {
+        t = document.createElementNS("http://www.w3.org/2000/svg", "text");
+        g.appendChild(t);
+      }
       var inside = o + v > zoomO && o < zoomO + zoomV;
       var ancestor = dep < zoomD && o <= zoomO && o + v >= zoomO + zoomV;
       if (!inside || (dep < zoomD && !ancestor) || (v / zoomV) * plotW < 0.1) {
