@@ -34,6 +34,17 @@ def test_folded_and_pprof_inputs(tmp_path: Path) -> None:
     assert by["schedule"]["fill"] != by["main"]["fill"]
 
 
+def test_kind_hints_from_pprof() -> None:
+    from ember.flame import stacks_of
+    from ember.model import KERNEL_MAPPING, Frame, FrameKind, Mapping, Sample, cpu_type
+
+    jit = Frame("LazyCompile:*handler", FrameKind.USER, Mapping(1, 2, 0, "[anon]"), 1)
+    exe = Frame("main", FrameKind.USER, Mapping(3, 4, 0, "/usr/bin/node"), 3)
+    k = Frame("schedule", FrameKind.KERNEL, KERNEL_MAPPING, 5)
+    s = stacks_of(cpu_type(99), [Sample((exe, jit, k), (1, 10), 1, 1, "node")])
+    assert s.kinds == {"main": "user", "LazyCompile:*handler": "jit", "schedule": "kernel"}
+
+
 def test_cli_outputs_and_errors(tmp_path: Path) -> None:
     folded = tmp_path / "x.folded"
     folded.write_text("app;main;a 30\n")

@@ -24,7 +24,7 @@ from .encode import svg
 from .encode.folded import fold, parse_folded
 from .encode.pprof import decode_pprof, from_proto
 from .errors import UsageError
-from .model import Profile, ProfileType, Sample, merge_samples
+from .model import Frame, FrameKind, Profile, ProfileType, Sample, merge_samples
 
 TIME_UNITS = {"ns": 1.0, "us": 1e3, "ms": 1e6, "s": 1e9}
 _HEX = re.compile(r"0x[0-9a-fA-F]+")
@@ -99,8 +99,16 @@ def stacks_of(ptype: ProfileType, samples: Sequence[Sample]) -> Stacks:
     unit = "ns" if last_unit == "nanoseconds" else last_type
     t = ProfileType("", ptype.sample_types, ptype.period_type, ptype.period, folded_index=index)
     profile = Profile(t, merge_samples(samples), 0, 0)
-    kinds = svg.merge_kinds((f.name, str(f.kind)) for s in samples for f in s.frames)
+    kinds = svg.merge_kinds((f.name, _kind(f)) for s in samples for f in s.frames)
     return Stacks(fold(profile), unit, kinds, offcpu=last_type == "off_cpu")
+
+
+def _kind(f: Frame) -> str:
+    """The frame's kind, with code in anonymous executable memory (JIT
+    compilers, perf-map names) told apart from user code in files."""
+    if f.kind == FrameKind.USER and f.mapping is not None and not f.mapping.path.startswith("/"):
+        return svg.JIT
+    return str(f.kind)
 
 
 def top_functions(s: Stacks, limit: int = 100) -> list[dict[str, object]]:

@@ -86,6 +86,8 @@ def test_colours_are_deterministic_and_kind_aware() -> None:
     fills = {x["name"]: x["fill"] for x in f}
     assert fills["schedule"] == colour("schedule", "kernel", "hot")
     assert fills["[sleeping]"] == colour("[sleeping]", "synthetic", "hot")
+    r, g, b = (int(c) for c in colour("Interpreter::jitted", "jit", "hot")[4:-1].split(","))
+    assert g > r and g > b
     blue = colour("x", "", "io")
     r, g, b = (int(c) for c in blue[4:-1].split(","))
     assert b > r and b > g

@@ -10,7 +10,7 @@ matched share. Siblings too narrow to draw are merged into one frame
 Colours are deterministic per function name (a hash picks the shade), so
 two graphs can be compared by eye. Palettes: "hot" (on-CPU), "io" (off-CPU,
 blue), and per-kind hints (kernel frames orange-brown, ember's markers
-grey). Differential graphs colour each frame by its change: red grew, blue
+grey, JIT code green). Differential graphs colour each frame by its change: red grew, blue
 shrank, intensity by the size of the change. Hot/cold graphs colour by the
 share of a frame's time spent off-CPU.
 """
@@ -33,6 +33,7 @@ PAD_TOP = 56
 PAD_BOTTOM = 34
 PAD_X = 10
 NARROW = "[{n} narrow frames]"
+JIT = "jit"  # frame kind hint: code in anonymous executable memory
 
 
 class Node:
@@ -126,6 +127,8 @@ def colour(name: str, kind: str, palette: str) -> str:
         return f"rgb({int(80 + 60 * h)},{int(120 + 60 * h)},{int(200 + 55 * h)})"
     if kind == FrameKind.KERNEL:
         return f"rgb({int(200 + 30 * h)},{int(130 + 40 * h)},{int(60 + 30 * h)})"
+    if kind == JIT:
+        return f"rgb({int(60 + 50 * h)},{int(180 + 50 * h)},{int(60 + 50 * h)})"
     return f"rgb({int(205 + 50 * h)},{int(230 * h)},{int(55 * h)})"  # hot
 
 
