@@ -43,6 +43,24 @@
 #define EMBER_FILTER_PIDS 0x1
 #define EMBER_FILTER_CGROUPS 0x2
 
+/* ember_key.kind: what a count measures. */
+#define EMBER_KIND_ONCPU 0     /* on-CPU samples */
+#define EMBER_KIND_BLOCKED 1   /* off-CPU: switch-out to wakeup, at the blocked stacks */
+#define EMBER_KIND_RUNQ 2      /* wakeup (or preemption) to switch-in: waiting for a CPU */
+#define EMBER_KIND_WAKEUP 3    /* the waker's stacks, weighted by the wakee's blocked time */
+#define EMBER_KIND_OFFWAKE 4   /* the wakee's blocked stacks joined with its waker's */
+
+/* ember_config.modes (off-CPU program): which kinds to count. */
+#define EMBER_MODE_BLOCKED 0x1
+#define EMBER_MODE_RUNQ 0x2
+#define EMBER_MODE_WAKEUP 0x4
+#define EMBER_MODE_OFFWAKE 0x8
+
+#ifndef EMBER_RUNQ_HIST_ENTRIES
+#define EMBER_RUNQ_HIST_ENTRIES 16384
+#endif
+#define EMBER_RUNQ_HIST_SLOTS 32  /* log2 buckets of microseconds */
+
 /* ember_config.stack_flags */
 #define EMBER_STACK_USER 0x1
 #define EMBER_STACK_KERNEL 0x2
@@ -93,7 +111,7 @@ struct ember_config {
     __u32 self_tgid;    /* never profile this process (0: none) */
     __u32 stack_flags;  /* EMBER_STACK_USER | EMBER_STACK_KERNEL */
     __u32 state_mask;   /* off-CPU: record only these states (0: all) */
-    __u32 reserved;
+    __u32 modes;        /* off-CPU: EMBER_MODE_* */
     __u64 min_block_ns; /* off-CPU: blocks shorter than this are ignored */
     __u64 max_block_ns; /* off-CPU: blocks longer than this are ignored */
 };
@@ -108,7 +126,15 @@ struct ember_key {
     __u32 stack_epoch;     /* generation of the stack map holding the ids */
     __u32 state;           /* off-CPU: EMBER_STATE_* at switch-out; on-CPU: 0 */
     __u32 unwinder;        /* which unwinder produced the user stack: 0 = frame pointers */
+    __u32 kind;            /* EMBER_KIND_* */
+    /* The other thread of a wakeup: the waker (OFFWAKE) or the wakee (WAKEUP). */
+    __u32 peer_pid;
+    __u32 peer_tid;
+    __s32 peer_user_stack_id;
+    __s32 peer_kernel_stack_id;
+    __u32 peer_stack_epoch;
     char comm[EMBER_COMM_LEN];
+    char peer_comm[EMBER_COMM_LEN];
 };
 
 struct ember_value {
@@ -126,6 +152,24 @@ struct ember_start {
     __u32 state;
     __u32 unwinder;
     char comm[EMBER_COMM_LEN];
+};
+
+/* Value of ember_wakes (off-CPU): who woke a blocked thread, and when. */
+struct ember_wake {
+    __u64 ts;
+    __u32 pid;               /* the waker */
+    __u32 tid;
+    __s32 user_stack_id;
+    __s32 kernel_stack_id;
+    __u32 stack_epoch;
+    __u32 reserved;
+    char comm[EMBER_COMM_LEN];
+};
+
+/* Key of ember_runq_hist: run-queue latency histogram per process. */
+struct ember_hist_key {
+    __u32 pid;
+    __u32 slot;              /* log2(latency in us) */
 };
 
 #endif /* EMBER_H */

@@ -1,15 +1,25 @@
 /* SPDX-License-Identifier: Apache-2.0
  *
- * Off-CPU time from sched:sched_switch. The tracepoint runs in the context of
- * the thread switching out (prev): its stacks are the stacks it blocked in, so
- * they are captured there and kept in ember_starts with the time. When the
- * thread switches back in (it is `next` of a later switch), the elapsed time
- * is added to the counts of those stacks. Only tracepoint fields and helpers
- * are read: no kernel struct offsets.
+ * Off-CPU time from sched:sched_switch and sched:sched_waking.
+ *
+ * sched_switch runs in the context of the thread switching out (prev): its
+ * stacks are the stacks it blocked in, so they are captured there and kept in
+ * ember_starts with the time. sched_waking runs in the context of the waker:
+ * the time, and (for the wakeup and off-wake profiles) the waker's stacks, go
+ * into ember_wakes for the wakee. When the thread switches back in (it is
+ * `next` of a later switch) its time off-CPU is split at the wakeup:
+ *
+ *   switch-out ........ wakeup ........ switch-in
+ *   |<--- blocked ----->|<-- run queue ->|
+ *
+ * A preempted thread (still runnable) was waiting for a CPU all along.
+ * Only tracepoint fields and helpers are read: no kernel struct offsets.
  */
 #include "common.h"
 
 BPF_HASH(ember_starts, u32, struct ember_start, EMBER_THREAD_ENTRIES);
+BPF_HASH(ember_wakes, u32, struct ember_wake, EMBER_THREAD_ENTRIES);
+BPF_HASH(ember_runq_hist, struct ember_hist_key, u64, EMBER_RUNQ_HIST_ENTRIES);
 
 static __always_inline u32 ember_state(long prev_state)
 {
@@ -18,6 +28,60 @@ static __always_inline u32 ember_state(long prev_state)
     if (prev_state == 0 || (prev_state & EMBER_STATE_RUNNABLE))
         return EMBER_STATE_RUNNABLE;
     return (u32)prev_state & (EMBER_STATE_RUNNABLE - 1);
+}
+
+static __always_inline u32 ember_log2_us(u64 ns)
+{
+    u64 us = ns / 1000;
+    u32 slot = 0;
+    /* a bounded loop: the verifier accepts it (kernel >= 5.3) */
+    for (int i = 0; i < EMBER_RUNQ_HIST_SLOTS - 1; i++) {
+        if (us <= 1)
+            break;
+        us >>= 1;
+        slot++;
+    }
+    return slot;
+}
+
+static __always_inline void ember_runq_observe(u32 pid, u64 ns)
+{
+    struct ember_hist_key hk = {.pid = pid, .slot = ember_log2_us(ns)};
+    u64 zero = 0;
+    u64 *n = ember_runq_hist.lookup_or_try_init(&hk, &zero);
+    if (n)
+        __sync_fetch_and_add(n, 1);
+}
+
+/* sched_waking: the waker is current; args->pid is the wakee. */
+int ember_sched_waking(struct tracepoint__sched__sched_waking *args)
+{
+    u32 wakee = args->pid;
+    if (!ember_starts.lookup(&wakee))
+        return 0; /* not a thread we are timing */
+    struct ember_config *cfg = ember_get_config();
+    if (!cfg)
+        return 0;
+    struct ember_wake wake = {};
+    wake.ts = bpf_ktime_get_ns();
+    u64 id = bpf_get_current_pid_tgid();
+    wake.pid = id >> 32;
+    wake.tid = (u32)id;
+    wake.stack_epoch = cfg->epoch;
+    bpf_get_current_comm(&wake.comm, sizeof(wake.comm));
+    if (cfg->modes & (EMBER_MODE_WAKEUP | EMBER_MODE_OFFWAKE)) {
+        /* a wakeup from an interrupt on the idle task has no user side */
+        u32 flags = wake.tid ? cfg->stack_flags : (cfg->stack_flags & ~EMBER_STACK_USER);
+        u32 unwinder;
+        ember_capture_stacks(args, wake.stack_epoch, flags, &wake.user_stack_id,
+                             &wake.kernel_stack_id, &unwinder);
+    } else {
+        wake.user_stack_id = EMBER_STACK_NONE;
+        wake.kernel_stack_id = EMBER_STACK_NONE;
+    }
+    if (ember_wakes.update(&wakee, &wake))
+        ember_stat_add(EMBER_STAT_THREADS_FULL, 1);
+    return 0;
 }
 
 /* Attached by the loader (not auto-attached as TRACEPOINT_PROBE would be), so
@@ -35,11 +99,13 @@ int ember_sched_switch(struct tracepoint__sched__sched_switch *args)
     u32 tgid = id >> 32, tid = (u32)id;
     if (tid != 0) {
         u32 state = ember_state(args->prev_state);
+        bool runnable = state == EMBER_STATE_RUNNABLE;
         if (!ember_wanted(cfg, tgid)) {
             ember_stat_add(EMBER_STAT_FILTERED, 1);
         } else if (state & (EMBER_STATE_EXIT_DEAD | EMBER_STATE_EXIT_ZOMBIE)) {
             /* the thread's last switch: it never comes back. */
-        } else if (cfg->state_mask && !(state & cfg->state_mask)) {
+        } else if (runnable ? !(cfg->modes & EMBER_MODE_RUNQ)
+                            : (cfg->state_mask && !(state & cfg->state_mask))) {
             ember_stat_add(EMBER_STAT_STATE_FILTERED, 1);
         } else {
             struct ember_start start = {};
@@ -52,6 +118,7 @@ int ember_sched_switch(struct tracepoint__sched__sched_switch *args)
                                  &start.kernel_stack_id, &start.unwinder);
             if (ember_starts.update(&tid, &start))
                 ember_stat_add(EMBER_STAT_THREADS_FULL, 1);
+            ember_wakes.delete(&tid); /* a stale wakeup must not split this block */
             ember_note_pid(tgid);
         }
     }
@@ -65,17 +132,14 @@ int ember_sched_switch(struct tracepoint__sched__sched_switch *args)
         return 0;
     struct ember_start start = *sp;
     ember_starts.delete(&next);
-
-    u64 delta = now - start.ts;
-    if (delta < cfg->min_block_ns) {
-        ember_stat_add(EMBER_STAT_BELOW_MIN, 1);
-        return 0;
+    struct ember_wake wake = {};
+    struct ember_wake *wp = ember_wakes.lookup(&next);
+    bool woken = false;
+    if (wp) {
+        wake = *wp;
+        ember_wakes.delete(&next);
+        woken = wake.ts >= start.ts && wake.ts <= now;
     }
-    if (cfg->max_block_ns && delta > cfg->max_block_ns) {
-        ember_stat_add(EMBER_STAT_ABOVE_MAX, 1);
-        return 0;
-    }
-    ember_stat_add(EMBER_STAT_EVENTS, 1);
 
     struct ember_key key = {};
     key.pid = start.pid;
@@ -87,6 +151,68 @@ int ember_sched_switch(struct tracepoint__sched__sched_switch *args)
     key.state = start.state;
     key.unwinder = start.unwinder;
     __builtin_memcpy(key.comm, start.comm, sizeof(key.comm));
-    ember_count(&key, delta);
+
+    u64 queued_since = start.ts;  /* a preempted thread queued from the start */
+    if (start.state != EMBER_STATE_RUNNABLE) {
+        u64 end = woken ? wake.ts : now;
+        u64 blocked = end - start.ts;
+        queued_since = end;
+        if (blocked < cfg->min_block_ns) {
+            ember_stat_add(EMBER_STAT_BELOW_MIN, 1);
+        } else if (cfg->max_block_ns && blocked > cfg->max_block_ns) {
+            ember_stat_add(EMBER_STAT_ABOVE_MAX, 1);
+        } else {
+            ember_stat_add(EMBER_STAT_EVENTS, 1);
+            if (cfg->modes & EMBER_MODE_BLOCKED) {
+                key.kind = EMBER_KIND_BLOCKED;
+                ember_count(&key, blocked);
+            }
+            if (woken && (cfg->modes & EMBER_MODE_OFFWAKE)) {
+                key.kind = EMBER_KIND_OFFWAKE;
+                key.peer_pid = wake.pid;
+                key.peer_tid = wake.tid;
+                key.peer_user_stack_id = wake.user_stack_id;
+                key.peer_kernel_stack_id = wake.kernel_stack_id;
+                key.peer_stack_epoch = wake.stack_epoch;
+                __builtin_memcpy(key.peer_comm, wake.comm, sizeof(key.peer_comm));
+                ember_count(&key, blocked);
+            }
+            if (woken && (cfg->modes & EMBER_MODE_WAKEUP)) {
+                /* the waker's view: its stacks, the wakee as the peer */
+                struct ember_key wk = {};
+                wk.kind = EMBER_KIND_WAKEUP;
+                wk.pid = wake.pid;
+                wk.tid = wake.tid;
+                wk.user_stack_id = wake.user_stack_id;
+                wk.kernel_stack_id = wake.kernel_stack_id;
+                wk.stack_epoch = wake.stack_epoch;
+                wk.epoch = epoch;
+                wk.state = start.state;
+                __builtin_memcpy(wk.comm, wake.comm, sizeof(wk.comm));
+                wk.peer_pid = start.pid;
+                wk.peer_tid = next;
+                wk.peer_user_stack_id = EMBER_STACK_NONE;
+                wk.peer_kernel_stack_id = EMBER_STACK_NONE;
+                __builtin_memcpy(wk.peer_comm, start.comm, sizeof(wk.peer_comm));
+                ember_count(&wk, blocked);
+            }
+        }
+    }
+    if ((cfg->modes & EMBER_MODE_RUNQ) && now > queued_since) {
+        u64 queued = now - queued_since;
+        struct ember_key rk = {};
+        rk.kind = EMBER_KIND_RUNQ;
+        rk.pid = start.pid;
+        rk.tid = next;
+        rk.user_stack_id = start.user_stack_id;
+        rk.kernel_stack_id = start.kernel_stack_id;
+        rk.epoch = epoch;
+        rk.stack_epoch = start.stack_epoch;
+        rk.state = EMBER_STATE_RUNNABLE;
+        rk.unwinder = start.unwinder;
+        __builtin_memcpy(rk.comm, start.comm, sizeof(rk.comm));
+        ember_count(&rk, queued);
+        ember_runq_observe(start.pid, queued);
+    }
     return 0;
 }

@@ -93,6 +93,9 @@ class FakeProgram:
     def starts(self) -> Sequence[tuple[int, abi.Start]]:
         return [(tid, abi.Start.from_buffer_copy(s)) for tid, s in self.starts_.items()]
 
+    def wakes(self) -> Sequence[tuple[int, abi.Wake]]:
+        return []
+
     def stack(self, slot: int, stack_id: int) -> tuple[int, ...] | None:
         return self.slots[slot].get(stack_id)
 

@@ -12,6 +12,19 @@ import enum
 COMM_LEN = 16
 MAX_STACK_DEPTH = 127
 
+KIND_ONCPU = 0
+KIND_BLOCKED = 1
+KIND_RUNQ = 2
+KIND_WAKEUP = 3
+KIND_OFFWAKE = 4
+
+MODE_BLOCKED = 0x1
+MODE_RUNQ = 0x2
+MODE_WAKEUP = 0x4
+MODE_OFFWAKE = 0x8
+
+RUNQ_HIST_SLOTS = 32
+
 FILTER_PIDS = 0x1
 FILTER_CGROUPS = 0x2
 
@@ -40,6 +53,7 @@ DEFAULT_DEFINES = {
     "EMBER_TARGET_ENTRIES": 4096,
     "EMBER_CGROUP_ENTRIES": 4096,
     "EMBER_PID_ENTRIES": 8192,
+    "EMBER_RUNQ_HIST_ENTRIES": 16384,
     "EMBER_STACK_GENERATIONS": 2,
 }
 
@@ -75,7 +89,7 @@ class Config(ct.Structure):
         ("self_tgid", ct.c_uint32),
         ("stack_flags", ct.c_uint32),
         ("state_mask", ct.c_uint32),
-        ("reserved", ct.c_uint32),
+        ("modes", ct.c_uint32),
         ("min_block_ns", ct.c_uint64),
         ("max_block_ns", ct.c_uint64),
     ]
@@ -91,7 +105,14 @@ class Key(ct.Structure):
         ("stack_epoch", ct.c_uint32),
         ("state", ct.c_uint32),
         ("unwinder", ct.c_uint32),
+        ("kind", ct.c_uint32),
+        ("peer_pid", ct.c_uint32),
+        ("peer_tid", ct.c_uint32),
+        ("peer_user_stack_id", ct.c_int32),
+        ("peer_kernel_stack_id", ct.c_int32),
+        ("peer_stack_epoch", ct.c_uint32),
         ("comm", ct.c_char * COMM_LEN),
+        ("peer_comm", ct.c_char * COMM_LEN),
     ]
 
 
@@ -115,16 +136,45 @@ class Start(ct.Structure):
     ]
 
 
+class Wake(ct.Structure):
+    _fields_ = [
+        ("ts", ct.c_uint64),
+        ("pid", ct.c_uint32),
+        ("tid", ct.c_uint32),
+        ("user_stack_id", ct.c_int32),
+        ("kernel_stack_id", ct.c_int32),
+        ("stack_epoch", ct.c_uint32),
+        ("reserved", ct.c_uint32),
+        ("comm", ct.c_char * COMM_LEN),
+    ]
+
+
+class HistKey(ct.Structure):
+    _fields_ = [("pid", ct.c_uint32), ("slot", ct.c_uint32)]
+
+
 STRUCTS: dict[str, type[ct.Structure]] = {
     "ember_config": Config,
     "ember_key": Key,
     "ember_value": Value,
     "ember_start": Start,
+    "ember_wake": Wake,
+    "ember_hist_key": HistKey,
 }
 
 CONSTANTS: dict[str, int] = {
     "EMBER_COMM_LEN": COMM_LEN,
     "EMBER_MAX_STACK_DEPTH": MAX_STACK_DEPTH,
+    "EMBER_KIND_ONCPU": KIND_ONCPU,
+    "EMBER_KIND_BLOCKED": KIND_BLOCKED,
+    "EMBER_KIND_RUNQ": KIND_RUNQ,
+    "EMBER_KIND_WAKEUP": KIND_WAKEUP,
+    "EMBER_KIND_OFFWAKE": KIND_OFFWAKE,
+    "EMBER_MODE_BLOCKED": MODE_BLOCKED,
+    "EMBER_MODE_RUNQ": MODE_RUNQ,
+    "EMBER_MODE_WAKEUP": MODE_WAKEUP,
+    "EMBER_MODE_OFFWAKE": MODE_OFFWAKE,
+    "EMBER_RUNQ_HIST_SLOTS": RUNQ_HIST_SLOTS,
     "EMBER_FILTER_PIDS": FILTER_PIDS,
     "EMBER_FILTER_CGROUPS": FILTER_CGROUPS,
     "EMBER_STACK_USER": STACK_USER,

@@ -24,13 +24,13 @@ from pathlib import Path
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from . import abi, config, host
-from .builder import SampleBuilder
+from .builder import MODE_OF, SampleBuilder
 from .drain import Drainer
 from .errors import ConfigError, EmberError, SymbolizationError
 from .httpserve import Reply, serve
 from .ksyms import KernelSymbols
 from .metrics import AgentMetrics, BpfStatsCollector
-from .model import OFFCPU_TYPE, ProfileType, cpu_type
+from .model import OFFCPU_TYPE, OFFWAKE_TYPE, RUNQ_TYPE, WAKEUP_TYPE, ProfileType, cpu_type
 from .procmaps import ProcessTable, ProcFS
 from .series import (
     ProcessLabels,
@@ -54,17 +54,18 @@ DISCOVERY_INTERVAL = 0.1
 #: Keys SIGHUP can change; the rest need a restart (they change what is attached).
 RELOADABLE = {"collector", "interval", "targets", "target_refresh", "include_self", "min_block",
               "max_block", "send_timeout", "max_backoff", "token_file", "tls_ca", "labels"}
+# (cpu, offcpu, runqlat, wakeup, offwake, frequency... change what is attached)
 
 
 @dataclass
 class Pipeline:
-    """One BPF program and what turns its maps into samples."""
+    """One BPF program and what turns its maps into samples: the on-CPU
+    program makes one profile type, the off-CPU program up to four."""
 
     kind: str
-    ptype: ProfileType
     program: Program
     drainer: Drainer
-    builder: SampleBuilder
+    outputs: list[tuple[ProfileType, SampleBuilder]]
 
 
 @dataclass
@@ -111,7 +112,8 @@ class Agent:
         self.spool = Spool(cfg.spool_dir, cfg.spool_max_size, count_profiles=profiles_in)
         self.shipper = Shipper(self.spool, endpoint_of(cfg), self.metrics, cfg.max_backoff)
         self.registry.register(BpfStatsCollector(
-            lambda: {p.kind: p.program for p in self.pipelines}))
+            lambda: {p.kind: p.program for p in self.pipelines},
+            lambda pid: self._labels(pid, "").comm))
         self.resolver = TargetResolver(cfg.targets)
 
     # --- start ---
@@ -121,28 +123,38 @@ class Agent:
             epoch=0, filter=0, self_tgid=0 if c.include_self else self_tgid(),
             stack_flags=(abi.STACK_USER if c.user_stacks else 0)
             | (abi.STACK_KERNEL if c.kernel_stacks else 0),
-            min_block_ns=int(c.min_block * 1e9), max_block_ns=int(c.max_block * 1e9))
+            min_block_ns=int(c.min_block * 1e9), max_block_ns=int(c.max_block * 1e9),
+            modes=sum(MODE_OF[t.name] for t in self._offcpu_types()))
+
+    def _offcpu_types(self) -> list[ProfileType]:
+        c = self.cfg
+        return [t for t, on in ((OFFCPU_TYPE, c.offcpu), (RUNQ_TYPE, c.runqlat),
+                                (WAKEUP_TYPE, c.wakeup), (OFFWAKE_TYPE, c.offwake)) if on]
 
     def start(self) -> None:
         c = self.cfg
-        if not (c.cpu or c.offcpu):
-            raise ConfigError("agent: at least one of cpu and offcpu must be enabled")
+        if not (c.cpu or self._offcpu_types()):
+            raise ConfigError("agent: no profile type is enabled")
         if not (c.user_stacks or c.kernel_stacks):
             raise ConfigError("agent: at least one of user_stacks and kernel_stacks is needed")
-        host.preflight(tracepoints=c.offcpu)
+        host.preflight(tracepoints=bool(self._offcpu_types()))
         if c.kernel_stacks:
             try:
                 self.symbolizer.kernel = KernelSymbols()
             except SymbolizationError as exc:
                 log.warning("%s", exc)
         self._serve_http()
-        kinds = [k for k, on in (("cpu", c.cpu), ("offcpu", c.offcpu)) if on]
-        for kind in kinds:
-            spec = oncpu_spec() if kind == "cpu" else offcpu_spec()
-            prog = Program(spec)
-            ptype = cpu_type(c.frequency) if kind == "cpu" else OFFCPU_TYPE
-            self.pipelines.append(Pipeline(kind, ptype, prog, Drainer(prog),
-                                           SampleBuilder(self.symbolizer, ptype)))
+        plan: list[tuple[str, list[ProfileType]]] = []
+        if c.cpu:
+            plan.append(("cpu", [cpu_type(c.frequency)]))
+        if self._offcpu_types():
+            plan.append(("offcpu", self._offcpu_types()))
+        for kind, types in plan:
+            prog = Program(oncpu_spec() if kind == "cpu" else offcpu_spec())
+            self.pipelines.append(Pipeline(kind, prog, Drainer(prog),
+                                           [(t, SampleBuilder(self.symbolizer, t))
+                                            for t in types]))
+        kinds = [t.name for _, types in plan for t in types]
         self._apply_bpf_config()
         self._apply_targets()
         for p in self.pipelines:
@@ -211,11 +223,11 @@ class Agent:
             sym_before = (self.symbolizer.stats.frames, self.symbolizer.stats.unknown_frames,
                           self.symbolizer.stats.cache_hits, self.symbolizer.stats.cache_misses)
             result = p.drainer.drain(final=final)
-            samples = p.builder.build(result.records)
             m = self.metrics
             m.samples.labels(p.kind).inc(result.stats.events)
             if p.kind == "offcpu":
-                m.offcpu_seconds.inc(result.stats.total_ns / 1e9)
+                m.offcpu_seconds.inc(sum(r.total_ns for r in result.records
+                                         if r.kind == abi.KIND_BLOCKED) / 1e9)
             m.stacks_lost.labels(p.kind, "evicted").inc(result.stats.stacks_missing)
             m.stacks_lost.labels(p.kind, "truncated").inc(result.stats.stacks_truncated)
             m.map_fill.labels(p.kind, "counts").set(
@@ -223,12 +235,14 @@ class Agent:
             if p.program.starts_map is not None:
                 m.map_fill.labels(p.kind, "starts").set(
                     len(p.program.starts()) / p.program.starts_map.max_entries)
-            for pid, ss in split_by_process(samples).items():
-                s, _ = make_series(p.ptype, ss, self._labels(pid, ss[0].thread_name),
-                                   start_ns, end_ns - start_ns,
-                                   {"host": self.host, **dict(self.cfg.labels)})
-                series.append(s)
-                m.profiles_built.labels(p.kind).inc()
+            for ptype, builder in p.outputs:
+                samples = builder.build(result.records)
+                for pid, ss in split_by_process(samples).items():
+                    s, _ = make_series(ptype, ss, self._labels(pid, ss[0].thread_name),
+                                       start_ns, end_ns - start_ns,
+                                       {"host": self.host, **dict(self.cfg.labels)})
+                    series.append(s)
+                    m.profiles_built.labels(ptype.name).inc()
             st = self.symbolizer.stats
             frames = st.frames - sym_before[0]
             unknown = st.unknown_frames - sym_before[1]

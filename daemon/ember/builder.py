@@ -17,6 +17,12 @@ from .drain import (
 from .model import Frame, FrameKind, ProfileType, Sample
 from .symbolize import Symbolizer
 
+KIND_OF = {"cpu": abi.KIND_ONCPU, "offcpu": abi.KIND_BLOCKED, "runqlat": abi.KIND_RUNQ,
+           "wakeup": abi.KIND_WAKEUP, "offwake": abi.KIND_OFFWAKE}
+#: Which BPF counting mode each off-CPU profile type needs.
+MODE_OF = {"offcpu": abi.MODE_BLOCKED, "runqlat": abi.MODE_RUNQ, "wakeup": abi.MODE_WAKEUP,
+           "offwake": abi.MODE_OFFWAKE}
+
 
 def _lost(part: str, problem: str) -> Frame:
     kind = FrameKind.USER if part == "user" else FrameKind.KERNEL
@@ -60,28 +66,46 @@ class SampleBuilder:
             frames.insert(0, Frame.marker("[truncated]", kind))
         return frames
 
+    def _stack(self, r_user: Stack, r_kernel: Stack, pid: int) -> list[Frame]:
+        proc = self.symbolizer.processes.get(pid)
+        kthread = proc.kernel_thread if proc else (r_user.problem == STACK_UNAVAILABLE
+                                                   and r_kernel.problem is None)
+        return (self._part("user", r_user, pid, kthread)
+                + self._part("kernel", r_kernel, pid, kthread))
+
     def build(self, records: Iterable[Record]) -> list[Sample]:
-        records = list(records)
+        kind = KIND_OF[self.ptype.name]
+        records = [r for r in records if r.kind == kind]
         procs = self.symbolizer.processes
-        procs.refresh(r.pid for r in records)
+        procs.refresh({r.pid for r in records} | {r.peer_pid for r in records if r.peer_pid})
         samples = []
-        offcpu = self.ptype.name == "offcpu"
         for r in records:
-            proc = procs.get(r.pid)
-            kthread = proc.kernel_thread if proc else (r.user.problem == STACK_UNAVAILABLE
-                                                       and r.kernel.problem is None)
-            frames = self._part("user", r.user, r.pid, kthread)
-            frames += self._part("kernel", r.kernel, r.pid, kthread)
+            frames = self._stack(r.user, r.kernel, r.pid)
             labels: tuple[tuple[str, str], ...] = ()
-            if offcpu:
+            if kind == abi.KIND_ONCPU:
+                values = (r.count, r.count * self.ptype.period)
+            else:
+                values = (r.count, r.total_ns)
+            if kind == abi.KIND_BLOCKED:
                 state = abi.state_name(r.state)
                 frames.append(Frame.marker(f"[{state}]"))
                 labels = (("thread_state", state),)
-                if r.in_flight:
-                    labels += (("in_flight", "true"),)
-                values = (r.count, r.total_ns)
-            else:
-                values = (r.count, r.count * self.ptype.period)
+            elif kind == abi.KIND_RUNQ:
+                frames.append(Frame.marker("[runqueue]"))
+                labels = (("thread_state", "runnable"),)
+            elif kind == abi.KIND_WAKEUP:
+                # the waker's stack; the leaf names whom it woke
+                frames.append(Frame.marker(f"[wakes {r.peer_comm}]"))
+                labels = (("wakee_pid", str(r.peer_pid)), ("wakee_comm", r.peer_comm))
+            elif kind == abi.KIND_OFFWAKE:
+                # as bcc's offwaketime folds it: the blocked stack root first,
+                # "--", then the waker's stack leaf first, then the waker
+                waker = self._stack(r.peer_user, r.peer_kernel, r.peer_pid)
+                waker.reverse()
+                frames += [Frame.marker("--"), *waker, Frame.marker(r.peer_comm)]
+                labels = (("waker_pid", str(r.peer_pid)), ("waker_comm", r.peer_comm))
+            if r.in_flight:
+                labels += (("in_flight", "true"),)
             samples.append(Sample(tuple(frames), values, r.pid, r.tid, r.comm, labels))
         procs.expire()
         return samples

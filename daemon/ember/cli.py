@@ -53,7 +53,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     rec = sub.add_parser("record", help="profile for a while and write one profile",
                          description="Record on-CPU samples or off-CPU time through BPF.")
-    rec.add_argument("--mode", choices=("cpu", "offcpu"), default="cpu")
+    rec.add_argument("--mode", choices=("cpu", "offcpu", "runqlat", "wakeup", "offwake"),
+                     default="cpu", help="cpu: on-CPU samples; offcpu: time blocked; runqlat: "
+                     "time runnable threads waited for a CPU; wakeup: wakers' stacks by the "
+                     "time their wakees were blocked; offwake: blocked stacks joined with "
+                     "their wakers' (default cpu)")
     rec.add_argument("--pid", type=_int, action="append", default=[],
                      help="profile only this process (repeatable); default: all")
     rec.add_argument("--duration", type=_float, default=None,
@@ -235,7 +239,7 @@ def cmd_record(args: argparse.Namespace) -> int:
     lost = {k: v for k, v in s.kernel.items()
             if v and k in ("counts_full", "user_stack_collision", "kernel_stack_collision",
                            "user_stack_error", "kernel_stack_error", "threads_full")}
-    unit = "samples" if options.mode == "cpu" else "blocks"
+    unit = "samples" if options.mode == "cpu" else "events"
     print(f"ember record: {s.drain.events} {unit}, {len(profile.samples)} stacks, "
           f"{s.drains} drains"
           + (f"; truncated stacks: {s.drain.stacks_truncated}" if s.drain.stacks_truncated else "")

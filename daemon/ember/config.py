@@ -86,7 +86,16 @@ class AgentConfig:
     frequency: int = field(default=19, metadata=_opt(
         "On-CPU samples per second per CPU.", "int", 1, 10000))
     cpu: bool = field(default=True, metadata=_opt("Collect on-CPU profiles.", "bool"))
-    offcpu: bool = field(default=True, metadata=_opt("Collect off-CPU profiles.", "bool"))
+    offcpu: bool = field(default=True, metadata=_opt(
+        "Collect off-CPU profiles (time blocked, up to the wakeup).", "bool"))
+    runqlat: bool = field(default=True, metadata=_opt(
+        "Collect run-queue latency: time runnable threads waited for a CPU, as a profile "
+        "and as the ember_runqueue_latency_seconds histogram per process.", "bool"))
+    wakeup: bool = field(default=False, metadata=_opt(
+        "Collect wakeup profiles: wakers' stacks weighted by the time their wakees were "
+        "blocked (one more stack walk per wakeup).", "bool"))
+    offwake: bool = field(default=False, metadata=_opt(
+        "Collect off-wake profiles: blocked stacks joined with their wakers' stacks.", "bool"))
     kernel_stacks: bool = field(default=True, metadata=_opt("Record kernel stacks.", "bool"))
     user_stacks: bool = field(default=True, metadata=_opt("Record user stacks.", "bool"))
     min_block: float = field(default=0.000001, metadata=_opt(

@@ -74,6 +74,13 @@ class Record:
     count: int
     total_ns: int
     in_flight: bool = False  # an off-CPU block still going on at the final drain
+    kind: int = abi.KIND_ONCPU
+    # the other thread of a wakeup (waker for off-wake, wakee for wakeup)
+    peer_pid: int = 0
+    peer_tid: int = 0
+    peer_comm: str = ""
+    peer_user: Stack = Stack(problem=STACK_NOT_REQUESTED)
+    peer_kernel: Stack = Stack(problem=STACK_NOT_REQUESTED)
 
 
 @dataclass
@@ -102,6 +109,7 @@ class DrainMaps(Protocol):
     def counts(self) -> Sequence[tuple[abi.Key, abi.Value]]: ...
     def delete_counts(self, keys: Sequence[abi.Key]) -> None: ...
     def starts(self) -> Sequence[tuple[int, abi.Start]]: ...
+    def wakes(self) -> Sequence[tuple[int, abi.Wake]]: ...
     def stack(self, slot: int, stack_id: int) -> tuple[int, ...] | None: ...
     def clear_stacks(self, slot: int) -> None: ...
 
@@ -176,14 +184,17 @@ class Drainer:
         # 0. carry the stacks of blocks that outlive the slot cleared below.
         pending = self.maps.starts()
         new_carried: dict[tuple[int, int], tuple[int, ...] | None] = {}
-        for _tid, s in pending:
-            if s.stack_epoch > e - self._keep:
+        refs: list[tuple[int, int, int]] = [
+            (s.stack_epoch, s.user_stack_id, s.kernel_stack_id) for _, s in pending]
+        refs += [(w.stack_epoch, w.user_stack_id, w.kernel_stack_id) for _, w in self.maps.wakes()]
+        for stack_epoch, user_id, kernel_id in refs:
+            if stack_epoch > e - self._keep:
                 continue
-            for sid in (s.user_stack_id, s.kernel_stack_id):
-                ref = (s.stack_epoch, sid)
+            for sid in (user_id, kernel_id):
+                ref = (stack_epoch, sid)
                 if sid < 0 or ref in new_carried:
                     continue
-                new_carried[ref] = (from_map(*ref) if s.stack_epoch in in_map
+                new_carried[ref] = (from_map(*ref) if stack_epoch in in_map
                                     else self.carried.get(ref))
         lookup_carried = {**self.carried, **new_carried}
 
@@ -211,15 +222,22 @@ class Drainer:
 
         # 3. read this epoch's counts (all of them once the programs are gone).
         drained: list[abi.Key] = []
+        no_peer = Stack(problem=STACK_NOT_REQUESTED)
         for key, value in self.maps.counts():
             if key.epoch > e and not final:
                 continue
             drained.append(key)
+            peered = key.kind in (abi.KIND_WAKEUP, abi.KIND_OFFWAKE)
             result.records.append(Record(
                 pid=key.pid, tid=key.tid, comm=_comm(key.comm), state=key.state,
                 user=resolve(key.stack_epoch, key.user_stack_id),
                 kernel=resolve(key.stack_epoch, key.kernel_stack_id),
-                count=value.count, total_ns=value.total_ns,
+                count=value.count, total_ns=value.total_ns, kind=key.kind,
+                peer_pid=key.peer_pid, peer_tid=key.peer_tid, peer_comm=_comm(key.peer_comm),
+                peer_user=(resolve(key.peer_stack_epoch, key.peer_user_stack_id) if peered
+                           else no_peer),
+                peer_kernel=(resolve(key.peer_stack_epoch, key.peer_kernel_stack_id) if peered
+                             else no_peer),
             ))
             result.stats.events += value.count
             result.stats.total_ns += value.total_ns
@@ -234,6 +252,7 @@ class Drainer:
                     user=resolve(s.stack_epoch, s.user_stack_id),
                     kernel=resolve(s.stack_epoch, s.kernel_stack_id),
                     count=1, total_ns=duration, in_flight=True,
+                    kind=abi.KIND_RUNQ if s.state == abi.STATE_RUNNABLE else abi.KIND_BLOCKED,
                 ))
 
         # 4-5. forget what was read; recycle the oldest stack slot.

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
-from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
@@ -93,8 +93,10 @@ class AgentMetrics:
 class BpfStatsCollector(Collector):
     """Reads the BPF programs' own counters when Prometheus scrapes."""
 
-    def __init__(self, programs: Callable[[], dict[str, Program]]):
+    def __init__(self, programs: Callable[[], dict[str, Program]],
+                 comm_of: Callable[[int], str] | None = None):
         self.programs = programs
+        self.comm_of = comm_of or (lambda pid: "")
 
     def collect(self) -> Iterator[Metric]:
         events = CounterMetricFamily("ember_bpf_events_total",
@@ -126,6 +128,29 @@ class BpfStatsCollector(Collector):
             run_s.add_metric([kind], t / 1e9)
             runs.add_metric([kind], n)
         yield from (events, dropped, lost, run_s, runs)
+        yield self._runq_histogram()
+
+    def _runq_histogram(self) -> Metric:
+        """Run-queue latency per process from the kernel's log2 histogram:
+        slot s counts waits of [2^s, 2^(s+1)) microseconds."""
+        h = HistogramMetricFamily("ember_runqueue_latency_seconds",
+                                  "Time runnable threads waited for a CPU, per process",
+                                  labels=["pid", "comm"])
+        for prog in self.programs().values():
+            try:
+                per_pid = prog.runq_histogram()
+            except Exception:
+                continue
+            for pid, slots in sorted(per_pid.items()):
+                buckets, acc = [], 0
+                for s, n in enumerate(slots):
+                    acc += n
+                    buckets.append((f"{2 ** (s + 1) / 1e6:g}", acc))
+                buckets[-1] = ("+Inf", acc)
+                # the sum is not kept in the kernel: estimate from bucket midpoints
+                total = sum(n * 1.5 * 2 ** s / 1e6 for s, n in enumerate(slots))
+                h.add_metric([str(pid), self.comm_of(pid)], buckets, total)
+        return h
 
 
 class CollectorMetrics:

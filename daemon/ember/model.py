@@ -83,6 +83,18 @@ def cpu_type(frequency: int) -> ProfileType:
 OFFCPU_TYPE = ProfileType("offcpu", (("blocks", "count"), ("off_cpu", "nanoseconds")),
                           ("off_cpu", "nanoseconds"), period=1,
                           folded_index=1, folded_scale=1000)  # folded: microseconds
+#: Time runnable threads waited for a CPU (after a wakeup, or preempted).
+RUNQ_TYPE = ProfileType("runqlat", (("waits", "count"), ("runqueue", "nanoseconds")),
+                        ("runqueue", "nanoseconds"), period=1, folded_index=1,
+                        folded_scale=1000)
+#: Wakers' stacks, weighted by how long the threads they woke had been blocked.
+WAKEUP_TYPE = ProfileType("wakeup", (("wakeups", "count"), ("blocked", "nanoseconds")),
+                          ("blocked", "nanoseconds"), period=1, folded_index=1,
+                          folded_scale=1000)
+#: Blocked stacks joined with their wakers' stacks, weighted by blocked time.
+OFFWAKE_TYPE = ProfileType("offwake", (("wakeups", "count"), ("off_cpu", "nanoseconds")),
+                           ("off_cpu", "nanoseconds"), period=1, folded_index=1,
+                           folded_scale=1000)
 
 
 @dataclass(frozen=True)

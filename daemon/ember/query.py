@@ -15,7 +15,10 @@ from .store import Row
 
 #: Friendly names for ember's own profile types.
 TYPE_ALIASES = {"cpu": "ember_cpu:cpu:nanoseconds:cpu:nanoseconds",
-                "offcpu": "ember_offcpu:off_cpu:nanoseconds:off_cpu:nanoseconds"}
+                "offcpu": "ember_offcpu:off_cpu:nanoseconds:off_cpu:nanoseconds",
+                "runqlat": "ember_runqlat:runqueue:nanoseconds:runqueue:nanoseconds",
+                "wakeup": "ember_wakeup:blocked:nanoseconds:blocked:nanoseconds",
+                "offwake": "ember_offwake:off_cpu:nanoseconds:off_cpu:nanoseconds"}
 FORMATS = ("folded", "pprof", "json")
 
 
@@ -42,8 +45,9 @@ def merge(rows: Iterable[Row], start_ns: int, end_ns: int) -> Merged | None:
         n += 1
     if ptype is None:
         return None
-    scale = 1000 if ptype.sample_types[-1][1] == "nanoseconds" and "off_cpu" in \
-        ptype.sample_types[-1][0] else 1
+    # folded: time profiles other than on-CPU in microseconds (as ember record writes them)
+    scale = 1000 if ptype.sample_types[-1][1] == "nanoseconds" and \
+        ptype.sample_types[-1][0] != "cpu" else 1
     ptype = ProfileType(ptype.name, ptype.sample_types, ptype.period_type, ptype.period,
                         folded_index=0 if scale == 1 else len(ptype.sample_types) - 1,
                         folded_scale=scale)

@@ -17,18 +17,30 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import abi, host
-from .builder import SampleBuilder
+from .builder import MODE_OF, SampleBuilder
 from .drain import Drainer, DrainStats
 from .errors import SymbolizationError, UsageError
 from .ksyms import KernelSymbols
-from .model import OFFCPU_TYPE, Profile, ProfileType, Sample, cpu_type, merge_samples
+from .model import (
+    OFFCPU_TYPE,
+    OFFWAKE_TYPE,
+    RUNQ_TYPE,
+    WAKEUP_TYPE,
+    Profile,
+    ProfileType,
+    Sample,
+    cpu_type,
+    merge_samples,
+)
 from .procmaps import ProcessTable, ProcFS
 from .symbolize import Symbolizer
 from .tracer import Program, offcpu_spec, oncpu_spec, self_tgid
 
 log = logging.getLogger(__name__)
 
-MODES = ("cpu", "offcpu")
+MODES = ("cpu", "offcpu", "runqlat", "wakeup", "offwake")
+TYPES = {"cpu": None, "offcpu": OFFCPU_TYPE, "runqlat": RUNQ_TYPE, "wakeup": WAKEUP_TYPE,
+         "offwake": OFFWAKE_TYPE}
 
 
 @dataclass(frozen=True)
@@ -76,7 +88,7 @@ class RecordOptions:
         return abi.STATE_RUNNABLE if self.state == 0 else self.state
 
     def profile_type(self) -> ProfileType:
-        return cpu_type(self.frequency) if self.mode == "cpu" else OFFCPU_TYPE
+        return TYPES[self.mode] or cpu_type(self.frequency)
 
 
 def max_sample_rate() -> int:
@@ -106,13 +118,13 @@ class Recorder:
 
     def start(self) -> None:
         o = self.options
-        host.preflight(tracepoints=o.mode == "offcpu")
+        host.preflight(tracepoints=o.mode != "cpu")
         if o.kernel_stacks:
             try:
                 self.symbolizer.kernel = KernelSymbols()
             except SymbolizationError as exc:
                 log.warning("%s", exc)
-        spec = oncpu_spec() if o.mode == "cpu" else offcpu_spec()
+        spec = oncpu_spec() if o.mode == "cpu" else offcpu_spec()  # one program, four kinds
         self.program = Program(spec)
         cfg = abi.Config(
             epoch=0,
@@ -123,6 +135,7 @@ class Recorder:
             state_mask=o.state_mask(),
             min_block_ns=o.min_block_us * 1000,
             max_block_ns=o.max_block_us * 1000,
+            modes=MODE_OF.get(o.mode, 0),
         )
         self.program.configure(cfg)
         if o.pids:
@@ -131,7 +144,7 @@ class Recorder:
         self._t0_wall = time.time_ns()
         self._t0 = time.monotonic_ns()
         if o.mode == "cpu":
-            self.program.attach_cpu_clock(o.frequency)
+            self.program.attach_cpu_clock(o.frequency)  # the others: the off-CPU program
         else:
             self.program.attach_sched_switch()
         log.info("recording %s (%s)", o.mode,

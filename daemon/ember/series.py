@@ -24,7 +24,8 @@ LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 _CONTAINER = re.compile(r"(?:^|[/-])([0-9a-f]{64})(?:\.scope)?$")
 
 #: WriteRaw __name__ per profile type.
-SERIES_NAMES = {"cpu": "ember_cpu", "offcpu": "ember_offcpu"}
+SERIES_NAMES = {"cpu": "ember_cpu", "offcpu": "ember_offcpu", "runqlat": "ember_runqlat",
+                "wakeup": "ember_wakeup", "offwake": "ember_offwake"}
 
 
 @dataclass(frozen=True)

@@ -121,8 +121,11 @@ class Program:
                                     self._max("ember_stacks_0"))
                            for i in range(self.generations)]
         self.pids_map = self._map("ember_pids", ct.c_uint64, key=ct.c_uint32)
-        self.starts_map = (self._map("ember_starts", abi.Start, key=ct.c_uint32)
-                           if "offcpu" in spec.source else None)
+        offcpu = "offcpu" in spec.source
+        self.starts_map = self._map("ember_starts", abi.Start, key=ct.c_uint32) if offcpu else None
+        self.wakes_map = self._map("ember_wakes", abi.Wake, key=ct.c_uint32) if offcpu else None
+        self.runq_hist_map = (self._map("ember_runq_hist", ct.c_uint64, key=abi.HistKey)
+                              if offcpu else None)
         self._attached = False
 
     # -- map plumbing --
@@ -168,10 +171,13 @@ class Program:
         self._attached = True
 
     def attach_sched_switch(self) -> None:
-        try:
-            self.bpf.attach_tracepoint(tp=b"sched:sched_switch", fn_name=b"ember_sched_switch")
-        except Exception as exc:
-            raise BpfError(f"attaching sched:sched_switch failed: {exc}") from exc
+        """sched_switch, and sched_waking (to split blocked from queued time)."""
+        for tp, fn in ((b"sched:sched_waking", b"ember_sched_waking"),
+                       (b"sched:sched_switch", b"ember_sched_switch")):
+            try:
+                self.bpf.attach_tracepoint(tp=tp, fn_name=fn)
+            except Exception as exc:
+                raise BpfError(f"attaching {tp.decode()} failed: {exc}") from exc
         self._attached = True
 
     def detach(self) -> None:
@@ -207,6 +213,21 @@ class Program:
             return []
         # a c_uint32 array indexes to int
         return [(int(k), v) for k, v in self.starts_map.lookup_batch()]
+
+    def wakes(self) -> Sequence[tuple[int, abi.Wake]]:
+        if self.wakes_map is None:
+            return []
+        return [(int(k), v) for k, v in self.wakes_map.lookup_batch()]
+
+    def runq_histogram(self) -> dict[int, list[int]]:
+        """pid -> counts per log2-microsecond slot (cumulative since load)."""
+        out: dict[int, list[int]] = {}
+        if self.runq_hist_map is None:
+            return out
+        for k, v in self.runq_hist_map.lookup_batch():
+            slots = out.setdefault(int(k.pid), [0] * abi.RUNQ_HIST_SLOTS)
+            slots[min(int(k.slot), abi.RUNQ_HIST_SLOTS - 1)] += int(v)
+        return out
 
     def stack(self, slot: int, stack_id: int) -> tuple[int, ...] | None:
         return self.stack_maps[slot].read(stack_id)

@@ -31,7 +31,10 @@ def drain_loop(program: Program, seconds: float) -> tuple[int, int, int]:
 
 
 def config() -> abi.Config:
-    return abi.Config(stack_flags=abi.STACK_USER | abi.STACK_KERNEL, self_tgid=self_tgid())
+    # every off-CPU kind at once: blocked, run queue, wakeup and off-wake keys
+    return abi.Config(stack_flags=abi.STACK_USER | abi.STACK_KERNEL, self_tgid=self_tgid(),
+                      modes=abi.MODE_BLOCKED | abi.MODE_RUNQ | abi.MODE_WAKEUP
+                      | abi.MODE_OFFWAKE)
 
 
 def test_oncpu_exact(start_workload) -> None:  # type: ignore[no-untyped-def]

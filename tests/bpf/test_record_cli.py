@@ -39,7 +39,7 @@ def test_folded_with_delimiter(start_workload, tmp_path: Path) -> None:  # type:
         assert frames[-1] == "[sleeping]"
     # microseconds: about 2 s in total
     assert 1.7e6 <= sum(waiter.values()) <= 2.2e6
-    assert "blocks" in r.stderr
+    assert "events" in r.stderr
 
 
 @pytest.mark.skipif(not shutil.which("go"), reason="go (golang-go) not installed")

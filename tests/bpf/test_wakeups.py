@@ -1,0 +1,96 @@
+"""Why threads wait: off-wake, wakeup and run-queue latency on the real kernel,
+against a producer that wakes a consumer every 10 ms from produce()."""
+
+from __future__ import annotations
+
+import socket
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from ember import config
+from ember.collector import Collector
+from ember.config import AgentConfig, CollectorConfig, Targets
+from ember.record import RecordOptions
+
+from .helpers import record, where
+from .test_agent import running_agent
+
+pytestmark = pytest.mark.bpf
+DURATION = 3.0
+
+
+def test_offwake_joins_the_wait_to_the_waker(start_workload) -> None:  # type: ignore[no-untyped-def]
+    w = start_workload("wake_pair")
+    profile, _ = record(RecordOptions(mode="offwake", pids=(w.pid,), duration=DURATION))
+    consumer = where(profile, lambda s: s.thread_name == "consumer")
+    joined = 0
+    for s in consumer:
+        names = [f.name for f in s.frames]
+        sep = names.index("--")
+        assert "consume_wait" in names[:sep] and "futex_wait" in names[:sep]
+        if "produce" in names[sep:]:
+            # the waker's frames come leaf first, then its name
+            assert names.index("produce") > names.index("futex_wake") > sep
+            assert names[-1] == "producer" and dict(s.labels)["waker_comm"] == "producer"
+            joined += s.values[1]
+    assert abs(joined / 1e9 - DURATION) <= 0.1 * DURATION, joined / 1e9
+
+
+def test_wakeup_profile_names_the_waker(start_workload) -> None:  # type: ignore[no-untyped-def]
+    w = start_workload("wake_pair")
+    profile, _ = record(RecordOptions(mode="wakeup", pids=(w.pid,), duration=DURATION))
+    woke = [s for s in where(profile, lambda s: s.thread_name == "producer")
+            if s.frames[-1].name == "[wakes consumer]"]
+    assert woke and all("produce" in {f.name for f in s.frames} for s in woke)
+    blocked = sum(s.values[1] for s in woke) / 1e9
+    assert abs(blocked - DURATION) <= 0.1 * DURATION, blocked
+    assert {dict(s.labels)["wakee_comm"] for s in woke} == {"consumer"}
+
+
+def test_blocked_time_ends_at_the_wakeup(start_workload) -> None:  # type: ignore[no-untyped-def]
+    """Off-CPU time is blocked time only; the consumer's short waits for a CPU
+    after each wakeup show up in runqlat, not in it."""
+    w = start_workload("wake_pair")
+    off, _ = record(RecordOptions(mode="offcpu", pids=(w.pid,), duration=DURATION))
+    blocked = sum(s.values[1] for s in where(off, lambda s: s.thread_name == "consumer"))
+    assert abs(blocked / 1e9 - DURATION) <= 0.1 * DURATION
+    assert all(s.frames[-1].name != "[runqueue]" for s in off.samples)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_agent_ships_all_types_and_the_runq_histogram(start_workload, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    w = start_workload("wake_pair")
+    port, metrics_port = free_port(), free_port()
+    c = Collector(CollectorConfig(grpc_listen=f"127.0.0.1:{port}", http_listen="127.0.0.1:0",
+                                  storage=str(tmp_path / "db.sqlite")))
+    c.start()
+    try:
+        cfg = config.override(AgentConfig(), collector=f"127.0.0.1:{port}", interval=1.0,
+                              metrics_listen=f"127.0.0.1:{metrics_port}", wakeup=True,
+                              offwake=True, spool_dir=str(tmp_path / "spool"),
+                              targets=Targets(pids=(w.pid,)))
+        with running_agent(cfg):
+            time.sleep(3)
+            with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics") as r:
+                metrics = r.read().decode()
+        names = {row.labels["__name__"] for row in
+                 c.store.query(0, time.time_ns() + 10**9, {}, None)}
+        # (ember_cpu too, when the mostly sleeping process happened to be sampled)
+        assert {"ember_offcpu", "ember_runqlat", "ember_wakeup", "ember_offwake"} <= names
+        for type_ in ("runqlat", "wakeup", "offwake"):
+            code, body, _ = c.handle("/api/v1/profile", {"type": [type_], "since": ["5m"]}, "")
+            assert code == 200 and body, type_
+        count_line = next(line for line in metrics.splitlines() if line.startswith(
+            f'ember_runqueue_latency_seconds_count{{comm="wake_pair",pid="{w.pid}"}}'))
+        assert float(count_line.split()[-1]) > 100  # 100 wakeups per second, each queued
+        assert 'ember_runqueue_latency_seconds_bucket{comm="wake_pair"' in metrics
+    finally:
+        c.close()
