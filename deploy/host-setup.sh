@@ -51,8 +51,9 @@ if [ $dev = 1 ]; then
     # gcc/g++/make build the test fixtures; golang-go provides `go tool pprof`;
     # linux-perf provides `perf bench sched pipe` for bench/; prometheus scrapes
     # the agent in the tests; openssl makes their TLS certificates; chromium
-    # is the browser the web UI test drives (through Playwright).
-    packages+=(gcc g++ make golang-go linux-perf prometheus openssl chromium)
+    # is the browser the web UI test drives (through Playwright); libc6-dbg is
+    # the real separate-debug-info subject of the symbolization tests.
+    packages+=(gcc g++ make golang-go linux-perf prometheus openssl chromium libc6-dbg)
 fi
 apt_install "${packages[@]}"
 

@@ -155,6 +155,16 @@ def build_parser() -> argparse.ArgumentParser:
     df.add_argument("--width", type=_int, default=1200)
     df.set_defaults(func=cmd_diff)
 
+    sy = sub.add_parser("symbolize", help="name addresses of a live process",
+                        description="Print 'ADDR FUNCTION+OFFSET OBJECT' for each address "
+                                    "(hex), from the arguments or one per line on stdin. "
+                                    "Kernel addresses are named from /proc/kallsyms.")
+    sy.add_argument("--pid", type=_int, required=True)
+    sy.add_argument("addresses", nargs="*", metavar="ADDR")
+    sy.add_argument("--debug-dir", action="append", default=None,
+                    help="where separate debug files live (default /usr/lib/debug; repeatable)")
+    sy.set_defaults(func=cmd_symbolize)
+
     ref = sub.add_parser("config-reference", help="print the configuration reference")
     ref.set_defaults(func=cmd_config_reference)
     return parser
@@ -380,6 +390,51 @@ def cmd_diff(args: argparse.Namespace) -> int:
     _write_graph(args.output, text, args.title or "ember differential flame graph")
     if args.folded:
         _write(args.folded, two_column.encode())
+    return 0
+
+
+def cmd_symbolize(args: argparse.Namespace) -> int:
+    from .debuginfo import DEFAULT_DEBUG_DIRS
+    from .errors import SymbolizationError
+    from .ksyms import KernelSymbols
+    from .model import KERNEL_MAPPING
+    from .procmaps import ProcessTable
+    from .symbolize import ObjectCache, Symbolizer
+
+    table = ProcessTable()
+    proc = table.get(args.pid)
+    if proc is None:
+        raise UsageError(f"no process with PID {args.pid} (or its maps are not readable)")
+    sym = Symbolizer(table, objects=ObjectCache(debug_dirs=args.debug_dir or DEFAULT_DEBUG_DIRS))
+    kernel: KernelSymbols | None = None
+    words = args.addresses or sys.stdin.read().split()
+    out = []
+    for word in words:
+        try:
+            addr = int(word, 16)
+        except ValueError:
+            raise UsageError(f"not a hex address: {word!r}") from None
+        if addr >= KERNEL_MAPPING.start:
+            if kernel is None:
+                try:
+                    kernel = KernelSymbols()
+                except SymbolizationError as exc:
+                    raise EmberError(str(exc)) from None
+            hit = kernel.lookup(addr)
+            out.append(f"{addr:#x} {hit[0]}+{hit[1]:#x} [kernel.kallsyms]" if hit
+                       else f"{addr:#x} [unknown] [kernel.kallsyms]")
+            continue
+        entry = proc.find(addr)
+        if entry is None:
+            out.append(f"{addr:#x} [unknown] [unmapped]")
+            continue
+        named = sym.lookup(args.pid, entry, addr) if entry.file_backed else None
+        if named is None:
+            frame = sym.user_frames(args.pid, [addr])[0]
+            out.append(f"{addr:#x} {frame.name} {entry.path or '[anon]'}")
+        else:
+            out.append(f"{addr:#x} {named[0]}+{named[2]:#x} {entry.path}")
+    sys.stdout.write("".join(line + "\n" for line in out))
     return 0
 
 

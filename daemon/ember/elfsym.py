@@ -76,9 +76,16 @@ class ElfSymbols:
             for s in elf.iter_segments() if s["p_type"] == "PT_LOAD")
         self.build_id = _build_id(elf)
         self.debuglink: str | None = None
+        self.debuglink_crc: int | None = None
         section = elf.get_section_by_name(".gnu_debuglink")
         if section is not None:
-            self.debuglink = section.data().split(b"\0", 1)[0].decode("utf-8", "replace")
+            data = section.data()
+            link, _, _ = data.partition(b"\0")
+            self.debuglink = link.decode("utf-8", "replace") or None
+            crc_at = (len(link) + 1 + 3) & ~3  # the name is NUL-padded to 4 bytes
+            if len(data) >= crc_at + 4:
+                self.debuglink_crc = int.from_bytes(data[crc_at:crc_at + 4],
+                                                    "little" if elf.little_endian else "big")
         symbols: list[Symbol] = []
         self.symbol_source = ""
         for name in (".symtab", ".dynsym"):
@@ -111,6 +118,11 @@ class ElfSymbols:
 
     def __len__(self) -> int:
         return len(self._starts)
+
+    def adopt_symbols(self, debug: ElfSymbols) -> None:
+        """Use a separate debug file's symbols (same virtual addresses)."""
+        self._starts, self._ends, self._names = debug._starts, debug._ends, debug._names
+        self.symbol_source = f"{debug.symbol_source} of {debug.path}"
 
     @property
     def text_segment(self) -> Segment | None:

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from .debuginfo import DEFAULT_DEBUG_DIRS, debug_file_for
 from .demangle import demangle
 from .elfsym import ElfSymbols
 from .errors import ElfError
@@ -34,6 +35,7 @@ class SymbolizerStats:
     cache_hits: int = 0
     cache_misses: int = 0
     object_errors: int = 0
+    debug_files: int = 0         # stripped objects named through a separate debug file
 
 
 class ObjectCache:
@@ -41,8 +43,10 @@ class ObjectCache:
     once their approximate size passes ``max_bytes``. Unreadable objects are
     remembered too, so a bad file is not re-parsed for every address."""
 
-    def __init__(self, max_bytes: int = 256 << 20):
+    def __init__(self, max_bytes: int = 256 << 20,
+                 debug_dirs: Sequence[str] = DEFAULT_DEBUG_DIRS):
         self.max_bytes = max_bytes
+        self.debug_dirs = tuple(debug_dirs)
         self._lru: OrderedDict[ObjectKey, ElfSymbols | None] = OrderedDict()
         self._bytes = 0
         self.stats = SymbolizerStats()
@@ -65,9 +69,26 @@ class ObjectCache:
                 log.debug("%s", exc)
                 self.stats.object_errors += 1
                 obj = None
+            if obj is not None and obj.symbol_source != ".symtab":
+                self._add_debug_symbols(obj, path)
             self._insert(key, obj)
             return key, obj
         return None, None
+
+    def _add_debug_symbols(self, obj: ElfSymbols, path: Path) -> None:
+        """A stripped object: take the symbols of its separate debug file."""
+        debug = debug_file_for(obj, str(path), self.debug_dirs)
+        if debug is None:
+            return
+        try:
+            syms = ElfSymbols(debug)
+        except ElfError as exc:
+            log.debug("%s", exc)
+            self.stats.object_errors += 1
+            return
+        if len(syms) > len(obj):
+            obj.adopt_symbols(syms)
+            self.stats.debug_files += 1
 
     def _insert(self, key: ObjectKey, obj: ElfSymbols | None) -> None:
         self._lru[key] = obj

@@ -3,6 +3,8 @@ read, exactly, with drains every 20 ms under heavy event rates."""
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import time
 
@@ -56,14 +58,15 @@ def test_offcpu_exact() -> None:
     p = Program(offcpu_spec())
     # a context-switch storm: two processes ping-ponging over a pipe
     storm = subprocess.Popen(["perf", "bench", "sched", "pipe", "-l", "2000000"],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                             start_new_session=True)  # perf forks: kill the whole group
     try:
         p.configure(config())
         p.attach_sched_switch()
         events, ns, missing = drain_loop(p, 3)
         stats = p.stats()
     finally:
-        storm.kill()
+        os.killpg(storm.pid, signal.SIGKILL)
         storm.wait()
         p.close()
     assert events == stats[abi.Stat.COUNTED] > 10_000
