@@ -168,14 +168,15 @@ int ember_sched_switch(struct tracepoint__sched__sched_switch *args)
                 ember_count(&key, blocked);
             }
             if (woken && (cfg->modes & EMBER_MODE_OFFWAKE)) {
-                key.kind = EMBER_KIND_OFFWAKE;
-                key.peer_pid = wake.pid;
-                key.peer_tid = wake.tid;
-                key.peer_user_stack_id = wake.user_stack_id;
-                key.peer_kernel_stack_id = wake.kernel_stack_id;
-                key.peer_stack_epoch = wake.stack_epoch;
-                __builtin_memcpy(key.peer_comm, wake.comm, sizeof(key.peer_comm));
-                ember_count(&key, blocked);
+                struct ember_key ok = key;
+                ok.kind = EMBER_KIND_OFFWAKE;
+                ok.peer_pid = wake.pid;
+                ok.peer_tid = wake.tid;
+                ok.peer_user_stack_id = wake.user_stack_id;
+                ok.peer_kernel_stack_id = wake.kernel_stack_id;
+                ok.peer_stack_epoch = wake.stack_epoch;
+                __builtin_memcpy(ok.peer_comm, wake.comm, sizeof(ok.peer_comm));
+                ember_count(&ok, blocked);
             }
             if (woken && (cfg->modes & EMBER_MODE_WAKEUP)) {
                 /* the waker's view: its stacks, the wakee as the peer */
@@ -200,18 +201,9 @@ int ember_sched_switch(struct tracepoint__sched__sched_switch *args)
     }
     if ((cfg->modes & EMBER_MODE_RUNQ) && now > queued_since) {
         u64 queued = now - queued_since;
-        struct ember_key rk = {};
-        rk.kind = EMBER_KIND_RUNQ;
-        rk.pid = start.pid;
-        rk.tid = next;
-        rk.user_stack_id = start.user_stack_id;
-        rk.kernel_stack_id = start.kernel_stack_id;
-        rk.epoch = epoch;
-        rk.stack_epoch = start.stack_epoch;
-        rk.state = EMBER_STATE_RUNNABLE;
-        rk.unwinder = start.unwinder;
-        __builtin_memcpy(rk.comm, start.comm, sizeof(rk.comm));
-        ember_count(&rk, queued);
+        key.kind = EMBER_KIND_RUNQ;  /* the same thread and stacks, another kind */
+        key.state = EMBER_STATE_RUNNABLE;
+        ember_count(&key, queued);
         ember_runq_observe(start.pid, queued);
     }
     return 0;
