@@ -96,3 +96,20 @@ def test_live_process(fixture_bin: Path) -> None:
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_vdso_named_from_our_own_copy(tmp_path: Path) -> None:
+    """Any process's [vdso] addresses are named with this process's vdso image."""
+    own = next(line for line in Path("/proc/self/maps").read_text().splitlines()
+               if line.endswith("[vdso]"))
+    lo, hi = (int(x, 16) for x in own.split()[0].split("-"))
+    sym = Symbolizer(ProcessTable())
+    vdso = sym._vdso_symbols()
+    assert vdso is not None and "clock_gettime" in vdso._names
+    start = vdso._starts[vdso._names.index("clock_gettime")]
+    text = next(s for s in vdso.segments if s.executable)
+    offset = start - text.vaddr + text.offset
+    base = 0x7FFE00000000  # another process maps it elsewhere
+    write_proc(tmp_path, 9, f"{base:x}-{base + hi - lo:x} r-xp 00000000 00:00 0 [vdso]\n")
+    [f] = Symbolizer(ProcessTable(ProcFS(tmp_path))).user_frames(9, [base + offset + 2])
+    assert f.name == "clock_gettime" and f.mapping is not None and f.mapping.path == "[vdso]"

@@ -1,8 +1,12 @@
-"""C++ demangling through libstdc++'s own ``__cxa_demangle``.
+"""C++ demangling through libstdc++'s own ``__cxa_demangle``, and Rust's
+legacy scheme on top of it.
 
 The C++ runtime already ships the reference demangler, so it is called over
-ctypes rather than reimplemented. Without libstdc++ names are left as they
-are (still correct, only mangled).
+ctypes rather than reimplemented. Rust's legacy symbols are Itanium names
+with a trailing hash (``17h<16 hex>E``) and ``$LT$``-style escapes: after
+the C++ demangler, the hash is dropped and the escapes undone, as
+rustc-demangle does. Rust's v0 scheme (``_R...``) is left mangled for now.
+Without libstdc++ names are left as they are (still correct, only mangled).
 """
 
 from __future__ import annotations
@@ -10,7 +14,13 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
+import re
 from typing import Any
+
+_RUST_HASH = re.compile(r"17h[0-9a-f]{16}E$")
+_RUST_ESCAPES = {"SP": "@", "BP": "*", "RF": "&", "LT": "<", "GT": ">", "LP": "(", "RP": ")",
+                 "C": ","}
+_RUST_ESCAPE = re.compile(r"\$(SP|BP|RF|LT|GT|LP|RP|C|u[0-9a-f]{2})\$")
 
 
 @functools.cache
@@ -44,6 +54,22 @@ def demangle(name: str) -> str:
     if status.value != 0 or not ptr:
         return name
     try:
-        return ctypes.string_at(ptr).decode("utf-8", "replace")
+        out = ctypes.string_at(ptr).decode("utf-8", "replace")
     finally:
         free(ptr)
+    if _RUST_HASH.search(name):
+        out = _rust_legacy(out)
+    return out
+
+
+def _rust_legacy(demangled: str) -> str:
+    """'std::rt::lang_start::h0123456789abcdef' with escapes -> readable Rust."""
+    head, sep, last = demangled.rpartition("::")
+    if sep and re.fullmatch(r"h[0-9a-f]{16}", last):
+        demangled = head
+
+    def unescape(m: re.Match[str]) -> str:
+        code = m.group(1)
+        return chr(int(code[1:], 16)) if code.startswith("u") else _RUST_ESCAPES[code]
+
+    return _RUST_ESCAPE.sub(unescape, demangled).replace("..", "::")

@@ -8,6 +8,7 @@ device, inode, size, mtime) and kept in an LRU bounded by approximate bytes.
 
 from __future__ import annotations
 
+import io
 import logging
 import os
 from collections import OrderedDict
@@ -113,6 +114,8 @@ class Symbolizer:
         # (pid, mapping) -> its object, so an address costs no stat() call.
         self._objects_of: dict[tuple[int, MapEntry], tuple[ObjectKey | None, ElfSymbols | None]] \
             = {}
+        self._vdso: ElfSymbols | None = None
+        self._vdso_read = False
 
     def user_frames(self, pid: int, ips: Sequence[int]) -> list[Frame]:
         """Frames for a user stack, in the order given (leaf first). Addresses
@@ -161,7 +164,31 @@ class Symbolizer:
         self._memo[mk] = sym
         return sym
 
+    def _vdso_symbols(self) -> ElfSymbols | None:
+        """The vdso's symbols, from this process's own copy: the kernel maps
+        the same image into every process, only at different addresses."""
+        if not self._vdso_read:
+            self._vdso_read = True
+            try:
+                for line in Path("/proc/self/maps").read_text().splitlines():
+                    if line.endswith("[vdso]"):
+                        lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+                        with open("/proc/self/mem", "rb") as mem:
+                            mem.seek(lo)
+                            image = mem.read(hi - lo)
+                        self._vdso = ElfSymbols("[vdso]", io.BytesIO(image))
+                        break
+            except (OSError, ElfError) as exc:
+                log.debug("vdso: %s", exc)
+        return self._vdso
+
     def _user_frame(self, pid: int, entry: MapEntry, ip: int, lookup_ip: int) -> Frame:
+        if entry.path == "[vdso]" and (vdso := self._vdso_symbols()) is not None:
+            vaddr = vdso.vaddr_of_offset(lookup_ip - entry.start)
+            hit = vdso.lookup(vaddr) if vaddr is not None else None
+            if hit is not None:
+                return Frame(hit[0], FrameKind.USER, Mapping(entry.start, entry.end, 0,
+                                                             "[vdso]"), ip)
         if not entry.file_backed:
             self.stats.unknown_frames += 1
             name = entry.path or "[anon]"

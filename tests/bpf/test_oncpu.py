@@ -78,3 +78,12 @@ def test_process_that_exits_before_the_drain_is_named(start_workload) -> None:  
     assert mine, "no samples of the short-lived process"
     shares = inclusive(mine, ["work_b", "main"], 0)
     assert shares["main"] > 95 and abs(shares["work_b"] - 50) < 10, shares
+
+
+def test_vdso_frames_named(start_workload) -> None:  # type: ignore[no-untyped-def]
+    w = start_workload("vdso_clock")
+    profile, _ = record(RecordOptions(pids=(w.pid,), duration=2, frequency=499,
+                                      kernel_stacks=False))
+    vdso = [f for s in profile.samples for f in s.frames
+            if f.mapping is not None and f.mapping.path == "[vdso]"]
+    assert vdso and {f.name for f in vdso} <= {"clock_gettime", "__vdso_clock_gettime"}
