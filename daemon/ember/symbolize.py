@@ -22,6 +22,7 @@ from .elfsym import ElfSymbols
 from .errors import ElfError
 from .ksyms import KernelSymbols
 from .model import KERNEL_MAPPING, Frame, FrameKind, Mapping
+from .perfmap import PerfMap
 from .procmaps import MapEntry, ProcessTable
 
 log = logging.getLogger(__name__)
@@ -114,6 +115,7 @@ class Symbolizer:
         # (pid, mapping) -> its object, so an address costs no stat() call.
         self._objects_of: dict[tuple[int, MapEntry], tuple[ObjectKey | None, ElfSymbols | None]] \
             = {}
+        self._perf_maps: dict[int, PerfMap] = {}
         self._vdso: ElfSymbols | None = None
         self._vdso_read = False
 
@@ -164,6 +166,14 @@ class Symbolizer:
         self._memo[mk] = sym
         return sym
 
+    def _perf_map(self, pid: int) -> PerfMap:
+        pm = self._perf_maps.get(pid)
+        if pm is None:
+            if len(self._perf_maps) > 4096:
+                self._perf_maps.clear()
+            pm = self._perf_maps[pid] = PerfMap(pid, self.processes.procfs.root)
+        return pm
+
     def _vdso_symbols(self) -> ElfSymbols | None:
         """The vdso's symbols, from this process's own copy: the kernel maps
         the same image into every process, only at different addresses."""
@@ -190,6 +200,10 @@ class Symbolizer:
                 return Frame(hit[0], FrameKind.USER, Mapping(entry.start, entry.end, 0,
                                                              "[vdso]"), ip)
         if not entry.file_backed:
+            jit = self._perf_map(pid).lookup(lookup_ip)
+            if jit is not None:
+                return Frame(jit, FrameKind.USER, Mapping(entry.start, entry.end, 0,
+                                                          "[perf-map]"), ip)
             self.stats.unknown_frames += 1
             name = entry.path or "[anon]"
             return Frame(name, FrameKind.USER, Mapping(entry.start, entry.end, entry.offset, name,

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 import threading
+import time
+from pathlib import Path
 
 import pytest
 
@@ -87,3 +91,29 @@ def test_vdso_frames_named(start_workload) -> None:  # type: ignore[no-untyped-d
     vdso = [f for s in profile.samples for f in s.frames
             if f.mapping is not None and f.mapping.path == "[vdso]"]
     assert vdso and {f.name for f in vdso} <= {"clock_gettime", "__vdso_clock_gettime"}
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="node is not installed")
+def test_node_jit_frames_named_through_perf_map(tmp_path: Path) -> None:
+    script = tmp_path / "hot.js"
+    script.write_text(
+        "function hotLoop(n) { let x = 0; for (let i = 0; i < n; i++) "
+        "{ x = (x * 1103515245 + 12345) & 0x7fffffff; } return x; }\n"
+        "let s = 0; const end = Date.now() + 15000; console.log('ready ' + process.pid);\n"
+        "while (Date.now() < end) { s += hotLoop(100000); }\n")
+    node = subprocess.Popen(["node", "--perf-basic-prof", str(script)], stdout=subprocess.PIPE,
+                            text=True)
+    try:
+        assert node.stdout is not None and node.stdout.readline().startswith("ready")
+        time.sleep(1)  # let the JIT optimise hotLoop
+        profile, _ = record(RecordOptions(pids=(node.pid,), duration=2, frequency=499,
+                                          kernel_stacks=False))
+        hot = [s for s in profile.samples
+               if any("hotLoop" in f.name and f.mapping is not None
+                      and f.mapping.path == "[perf-map]" for f in s.frames)]
+        share = sum(s.values[0] for s in hot) / sum(s.values[0] for s in profile.samples)
+        assert share > 0.8, share
+    finally:
+        node.kill()
+        node.wait()
+        Path(f"/tmp/perf-{node.pid}.map").unlink(missing_ok=True)
