@@ -3,7 +3,6 @@ down, nothing stored twice when an acknowledgement is lost."""
 
 from __future__ import annotations
 
-import socket
 import time
 from pathlib import Path
 
@@ -17,12 +16,7 @@ from ember.metrics import AgentMetrics
 from ember.proto import profilestore_pb2 as ps
 from ember.shipper import Endpoint, Shipper
 from ember.spool import Spool
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from netutil import free_port
 
 
 def wait_for(cond: object, timeout: float = 20) -> bool:

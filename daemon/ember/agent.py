@@ -71,17 +71,7 @@ class Pipeline:
 @dataclass
 class AgentState:
     attached: bool = False
-    drains: int = 0
     last_loop: float = field(default_factory=time.monotonic)
-
-
-def read_secret(path: str) -> str:
-    if not path:
-        return ""
-    try:
-        return Path(path).read_text().strip()
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read token file: {exc.strerror}") from exc
 
 
 def endpoint_of(cfg: config.AgentConfig) -> Endpoint:
@@ -91,7 +81,7 @@ def endpoint_of(cfg: config.AgentConfig) -> Endpoint:
             ca = Path(cfg.tls_ca).read_bytes()
         except OSError as exc:
             raise ConfigError(f"{cfg.tls_ca}: cannot read CA certificate: {exc.strerror}") from exc
-    return Endpoint(cfg.collector, read_secret(cfg.token_file), ca, cfg.send_timeout)
+    return Endpoint(cfg.collector, config.read_token(cfg.token_file), ca, cfg.send_timeout)
 
 
 class Agent:
@@ -234,7 +224,7 @@ class Agent:
                 result.stats.records / p.program.counts_map.max_entries)
             if p.program.starts_map is not None:
                 m.map_fill.labels(p.kind, "starts").set(
-                    len(p.program.starts()) / p.program.starts_map.max_entries)
+                    result.stats.pending / p.program.starts_map.max_entries)
             for ptype, builder in p.outputs:
                 samples = builder.build(result.records)
                 for pid, ss in split_by_process(samples).items():
@@ -261,7 +251,6 @@ class Agent:
         self.metrics.spool_batches.set(n)
         self.metrics.spool_bytes.set(size)
         self.metrics.last_drain.set(time.time())
-        self.state.drains += 1
         self._prune_meta()
         return len(series)
 

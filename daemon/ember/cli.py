@@ -334,12 +334,11 @@ def cmd_query(args: argparse.Namespace) -> int:
         if "=" not in m:
             raise UsageError(f"--match must be LABEL=VALUE, not {m!r}")
     url = f"{args.collector.rstrip('/')}/api/v1/profile?{urllib.parse.urlencode(params)}"
+    from .config import read_token
+
     headers = {}
     if args.token_file:
-        try:
-            headers["Authorization"] = f"Bearer {Path(args.token_file).read_text().strip()}"
-        except OSError as exc:
-            raise UsageError(f"{args.token_file}: {exc.strerror}") from exc
+        headers["Authorization"] = f"Bearer {read_token(args.token_file)}"
     context = ssl.create_default_context(cafile=args.ca) if args.ca else None
     if args.output:
         _check_output(args.output)

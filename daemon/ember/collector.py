@@ -34,7 +34,7 @@ import grpc
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from . import flame, web
-from .config import CollectorConfig, parse_duration
+from .config import CollectorConfig, parse_duration, read_token
 from .errors import ConfigError
 from .flame import Stacks, stacks_of
 from .httpserve import Reply, serve
@@ -90,14 +90,9 @@ class Collector:
     def __init__(self, cfg: CollectorConfig, registry: CollectorRegistry | None = None,
                  allow_public: bool = False):
         self.cfg = cfg
-        self.token = ""
-        if cfg.token_file:
-            try:
-                self.token = Path(cfg.token_file).read_text().strip()
-            except OSError as exc:
-                raise ConfigError(f"{cfg.token_file}: cannot read token: {exc.strerror}") from exc
-            if not self.token:
-                raise ConfigError(f"{cfg.token_file}: the token file is empty")
+        self.token = read_token(cfg.token_file)
+        if cfg.token_file and not self.token:
+            raise ConfigError(f"{cfg.token_file}: the token file is empty")
         if not self.token and not allow_public:
             for what, addr in (("grpc_listen", cfg.grpc_listen), ("http_listen", cfg.http_listen)):
                 if not _loopback(addr):

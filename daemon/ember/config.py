@@ -285,6 +285,16 @@ def loads(text: str, path: str = "<config>") -> Config:
     return cfg
 
 
+def read_token(path: str) -> str:
+    """A bearer token from a file ('' when no file is configured)."""
+    if not path:
+        return ""
+    try:
+        return Path(path).read_text().strip()
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read token file: {exc.strerror}") from exc
+
+
 def override(section: Any, **values: Any) -> Any:
     """A copy of a config section with the non-None values replaced."""
     return replace(section, **{k: v for k, v in values.items() if v is not None})

@@ -91,6 +91,7 @@ class DrainStats:
     stacks_missing: int = 0
     stacks_truncated: int = 0
     stacks_carried: int = 0
+    pending: int = 0          # off-CPU blocks in progress at the snapshot
     duration_s: float = 0.0
 
 
@@ -262,5 +263,6 @@ class Drainer:
         self.epoch = e + 1
         result.stats.records = len(result.records)
         result.stats.stacks_carried = len(new_carried)
+        result.stats.pending = len(pending)
         result.stats.duration_s = time.monotonic() - t0
         return result

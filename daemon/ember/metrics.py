@@ -32,12 +32,17 @@ _LOST = {
 }
 
 
+def _process_metrics(r: CollectorRegistry) -> None:
+    """ember_build_info and the process's own CPU and memory (both roles)."""
+    Info("ember_build", "ember version", registry=r).info({"version": __version__})
+    ProcessCollector(namespace="ember", registry=r)
+
+
 class AgentMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         r = registry
         self.registry = r
-        Info("ember_build", "ember version", registry=r).info({"version": __version__})
-        ProcessCollector(namespace="ember", registry=r)
+        _process_metrics(r)
         self.samples = Counter("ember_samples_total",
                                "Events drained from the kernel: on-CPU samples, off-CPU blocks",
                                ["type"], registry=r)
@@ -157,8 +162,7 @@ class CollectorMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         r = registry
         self.registry = r
-        Info("ember_build", "ember version", registry=r).info({"version": __version__})
-        ProcessCollector(namespace="ember", registry=r)
+        _process_metrics(r)
         self.requests = Counter("ember_collector_requests_total", "WriteRaw calls by status",
                                 ["code"], registry=r)
         self.profiles = Counter("ember_collector_profiles_stored_total", "Profiles stored",

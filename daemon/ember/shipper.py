@@ -61,7 +61,6 @@ class Shipper:
         self._failures = 0
         self._thread: threading.Thread | None = None
         self.sent = 0
-        self.connected = False
 
     # --- connection ---
     def set_endpoint(self, endpoint: Endpoint) -> None:
@@ -102,7 +101,6 @@ class Shipper:
         except grpc.RpcError as exc:
             code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
             self.metrics.send_failures.labels(code.name.lower()).inc()
-            self.connected = False
             if code in PERMANENT:
                 log.error("collector rejected a request for good (%s: %s); dropping it",
                           code.name, exc.details() if hasattr(exc, "details") else "")
@@ -121,7 +119,6 @@ class Shipper:
             return True
         self.spool.remove(path)
         self._failures = 0
-        self.connected = True
         n = profiles_in(data)
         self.sent += n
         self.metrics.profiles_sent.inc(n)

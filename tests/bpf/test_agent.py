@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -24,16 +23,12 @@ from ember.config import AgentConfig, CollectorConfig, Targets
 from ember.encode.pprof import decode_pprof, from_proto
 from ember.proto import profilestore_pb2 as ps
 from ember.series import PROFILE_ID_PREFIX
+from netutil import free_port
 
 from .helpers import inclusive
 
 pytestmark = pytest.mark.bpf
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def collector_at(tmp_path: Path, port: int) -> Collector:

@@ -3,7 +3,6 @@ against a producer that wakes a consumer every 10 ms from produce()."""
 
 from __future__ import annotations
 
-import socket
 import time
 import urllib.request
 from pathlib import Path
@@ -14,6 +13,7 @@ from ember import config
 from ember.collector import Collector
 from ember.config import AgentConfig, CollectorConfig, Targets
 from ember.record import RecordOptions
+from netutil import free_port
 
 from .helpers import record, where
 from .test_agent import running_agent
@@ -59,11 +59,6 @@ def test_blocked_time_ends_at_the_wakeup(start_workload) -> None:  # type: ignor
     assert abs(blocked / 1e9 - DURATION) <= 0.1 * DURATION
     assert all(s.frames[-1].name != "[runqueue]" for s in off.samples)
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def test_agent_ships_all_types_and_the_runq_histogram(start_workload, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import io
 import shutil
-import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,17 +14,13 @@ import pytest
 from ember import config
 from ember.collector import Collector
 from ember.config import AgentConfig, CollectorConfig, Targets
+from netutil import free_port
 
 from .test_agent import running_agent
 
 pytestmark = pytest.mark.bpf
 CHROMIUM = "/usr/bin/chromium"
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture
