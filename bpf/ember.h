@@ -68,6 +68,11 @@
 /* A stack id that was not requested (stack kind turned off). Real failures
  * are stored as the negative errno bpf_get_stackid returned. */
 #define EMBER_STACK_NONE (-1000)
+/* Sampled off-CPU: the user stack could not be taken where the block was
+ * (the thread went back to user space first); the kernel stack's slot was
+ * recycled before the block was counted. */
+#define EMBER_STACK_LATE (-1001)
+#define EMBER_STACK_STALE (-1002)
 
 /* Thread states as sched:sched_switch reports prev_state (TASK_REPORT bits),
  * with "runnable" (TASK_RUNNING, whether preempted or yielding) folded into
@@ -101,6 +106,9 @@ enum ember_stat {
     EMBER_STAT_ABOVE_MAX,             /* off-CPU blocks longer than max */
     EMBER_STAT_STATE_FILTERED,        /* off-CPU switch-outs of other states */
     EMBER_STAT_PIDS_FULL,             /* ember_pids full: maps read at drain only */
+    EMBER_STAT_SAMPLED,               /* off-CPU sampled: blocks whose stacks were taken */
+    EMBER_STAT_USER_STACK_LATE,       /* off-CPU sampled: resumed to user space unseen */
+    EMBER_STAT_KERNEL_STACK_STALE,    /* off-CPU sampled: stack slot recycled meanwhile */
     EMBER_STAT_MAX,
 };
 
@@ -114,6 +122,9 @@ struct ember_config {
     __u32 modes;        /* off-CPU: EMBER_MODE_* */
     __u64 min_block_ns; /* off-CPU: blocks shorter than this are ignored */
     __u64 max_block_ns; /* off-CPU: blocks longer than this are ignored */
+    __u64 sample_ns;    /* off-CPU sampled: blocks this long or longer are always
+                         * taken, shorter ones with probability duration/sample_ns
+                         * (0: every block) */
 };
 
 /* Key of ember_counts. One entry per (generation, thread, stacks, state). */
@@ -165,6 +176,31 @@ struct ember_wake {
     __u32 reserved;
     char comm[EMBER_COMM_LEN];
 };
+
+/* Task-local state of the sampled off-CPU program (offcpu_sampled.c). */
+struct ember_block {
+    __u64 ts;               /* switch-out time; 0 while on CPU */
+    __u64 weight_ns;        /* a chosen block not yet counted: the off-CPU time it
+                             * stands for (0: none pending) */
+    __u64 weight_count;     /* ... and the number of blocks */
+    __u64 user_ip;          /* user registers of the chosen block, to tell whether */
+    __u64 user_sp;          /* the thread is still in the same kernel entry */
+    __s32 kernel_stack_id;
+    __u32 stack_epoch;
+    __u32 state;            /* EMBER_STATE_* at switch-out */
+    __u32 pending_state;    /* state of the pending block */
+};
+
+/* Kernel stacks of sleeping threads (bpf_get_task_stack) live in a hash map
+ * of their own; their ids carry this bit so the daemon knows where to look. */
+#define EMBER_TASK_STACK_BIT 0x40000000
+
+/* Raw task states (kernel ABI since 4.14; the verifier cannot check these,
+ * tests/bpf/test_offcpu.py does): see include/linux/sched.h. */
+#define EMBER_RAW_TASK_DEAD 0x80
+#define EMBER_RAW_TASK_NOLOAD 0x400
+#define EMBER_RAW_TASK_RTLOCK_WAIT 0x1000
+#define EMBER_RAW_TASK_REPORT 0x7f
 
 /* Key of ember_runq_hist: run-queue latency histogram per process. */
 struct ember_hist_key {

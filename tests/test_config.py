@@ -50,11 +50,23 @@ def test_values_parse() -> None:
     ("agent: 3\n", "ember.yaml:1: agent: expected a mapping"),
     ("agent:\n  cpu: true\n  cpu: false\n", "ember.yaml:3: agent.cpu: duplicate key"),
     ("agent: [\n", "ember.yaml:2: invalid YAML"),
+    ("agent:\n  kernel_stacks: [cpu, disk]\n",
+     "ember.yaml:2: agent.kernel_stacks: unknown profile type 'disk'"),
+    ("agent:\n  user_stacks: cpu\n", "agent.user_stacks: expected true, false or a list"),
+    ("agent:\n  offcpu_sample: 5s\n", "agent.offcpu_sample: '5s' is out of range"),
 ])
 def test_errors_name_file_line_and_key(text: str, message: str) -> None:
     with pytest.raises(ConfigError) as exc:
         config.loads(text, "ember.yaml")
     assert message in str(exc.value)
+
+
+def test_stacks_per_profile_type() -> None:
+    agent = config.loads("agent:\n  kernel_stacks: [offcpu, cpu, offcpu]\n"
+                         "  user_stacks: false\n").agent
+    assert agent.kernel_stacks == ("offcpu", "cpu") and agent.user_stacks == ()
+    assert config.loads("agent:\n  kernel_stacks: true\n").agent.kernel_stacks == \
+        config.PROFILE_TYPES
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:

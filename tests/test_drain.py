@@ -94,6 +94,19 @@ def test_stack_errors_are_named() -> None:
     assert result.stats.stacks_missing == 1
 
 
+def test_sampled_offcpu_markers_are_named() -> None:
+    """The sampled program marks a user stack it could not take where the
+    block was (late) and a kernel stack whose slot was recycled (stale)."""
+    fake = FakeProgram(generations=3)
+    d = Drainer(fake, NoGrace())
+    key = abi.Key(pid=1, tid=1, user_stack_id=abi.STACK_LATE, kernel_stack_id=abi.STACK_STALE,
+                  comm=b"x", kind=abi.KIND_BLOCKED)
+    fake.counts_[bytes(key)] = (key, abi.Value(count=12, total_ns=1_000_000))
+    (r,) = d.drain().records
+    assert (r.user.problem, r.kernel.problem) == ("late", STACK_MISSING)
+    assert (r.count, r.total_ns) == (12, 1_000_000)
+
+
 def test_generations_checked() -> None:
     with pytest.raises(ValueError):
         Drainer(FakeProgram(generations=4), NoGrace())

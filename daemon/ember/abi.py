@@ -31,6 +31,13 @@ FILTER_CGROUPS = 0x2
 STACK_USER = 0x1
 STACK_KERNEL = 0x2
 STACK_NONE = -1000
+STACK_LATE = -1001
+STACK_STALE = -1002
+TASK_STACK_BIT = 0x40000000  # stack id of a kernel stack walked by bpf_get_task_stack
+RAW_TASK_DEAD = 0x80
+RAW_TASK_NOLOAD = 0x400
+RAW_TASK_RTLOCK_WAIT = 0x1000
+RAW_TASK_REPORT = 0x7F
 
 # Thread states (sched_switch prev_state bits, runnable folded into its own bit).
 STATE_INTERRUPTIBLE = 0x1
@@ -77,6 +84,9 @@ class Stat(enum.IntEnum):
     ABOVE_MAX = 13
     STATE_FILTERED = 14
     PIDS_FULL = 15
+    SAMPLED = 16
+    USER_STACK_LATE = 17
+    KERNEL_STACK_STALE = 18
 
 
 STAT_MAX = len(Stat)
@@ -92,6 +102,7 @@ class Config(ct.Structure):
         ("modes", ct.c_uint32),
         ("min_block_ns", ct.c_uint64),
         ("max_block_ns", ct.c_uint64),
+        ("sample_ns", ct.c_uint64),
     ]
 
 
@@ -149,6 +160,22 @@ class Wake(ct.Structure):
     ]
 
 
+class Block(ct.Structure):
+    """Task storage value of the sampled off-CPU program."""
+
+    _fields_ = [
+        ("ts", ct.c_uint64),
+        ("weight_ns", ct.c_uint64),
+        ("weight_count", ct.c_uint64),
+        ("user_ip", ct.c_uint64),
+        ("user_sp", ct.c_uint64),
+        ("kernel_stack_id", ct.c_int32),
+        ("stack_epoch", ct.c_uint32),
+        ("state", ct.c_uint32),
+        ("pending_state", ct.c_uint32),
+    ]
+
+
 class HistKey(ct.Structure):
     _fields_ = [("pid", ct.c_uint32), ("slot", ct.c_uint32)]
 
@@ -160,6 +187,7 @@ STRUCTS: dict[str, type[ct.Structure]] = {
     "ember_start": Start,
     "ember_wake": Wake,
     "ember_hist_key": HistKey,
+    "ember_block": Block,
 }
 
 CONSTANTS: dict[str, int] = {
@@ -180,6 +208,13 @@ CONSTANTS: dict[str, int] = {
     "EMBER_STACK_USER": STACK_USER,
     "EMBER_STACK_KERNEL": STACK_KERNEL,
     "EMBER_STACK_NONE": STACK_NONE,
+    "EMBER_STACK_LATE": STACK_LATE,
+    "EMBER_STACK_STALE": STACK_STALE,
+    "EMBER_TASK_STACK_BIT": TASK_STACK_BIT,
+    "EMBER_RAW_TASK_DEAD": RAW_TASK_DEAD,
+    "EMBER_RAW_TASK_NOLOAD": RAW_TASK_NOLOAD,
+    "EMBER_RAW_TASK_RTLOCK_WAIT": RAW_TASK_RTLOCK_WAIT,
+    "EMBER_RAW_TASK_REPORT": RAW_TASK_REPORT,
     "EMBER_STATE_INTERRUPTIBLE": STATE_INTERRUPTIBLE,
     "EMBER_STATE_UNINTERRUPTIBLE": STATE_UNINTERRUPTIBLE,
     "EMBER_STATE_STOPPED": STATE_STOPPED,

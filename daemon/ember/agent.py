@@ -45,7 +45,7 @@ from .shipper import Endpoint, Shipper, profiles_in
 from .spool import Spool
 from .symbolize import Symbolizer
 from .targets import TargetResolver
-from .tracer import Program, offcpu_spec, oncpu_spec, self_tgid
+from .tracer import Program, offcpu_sampled_spec, offcpu_spec, oncpu_spec, self_tgid
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +53,12 @@ MAX_REQUEST_BYTES = 4 << 20
 DISCOVERY_INTERVAL = 0.1
 #: Keys SIGHUP can change; the rest need a restart (they change what is attached).
 RELOADABLE = {"collector", "interval", "targets", "target_refresh", "include_self", "min_block",
-              "max_block", "send_timeout", "max_backoff", "token_file", "tls_ca", "labels"}
+              "max_block", "send_timeout", "max_backoff", "token_file",
+              "tls_ca", "labels"}
+#: Pipelines in start order: the on-CPU program, the sampled off-CPU program,
+#: and the exact off-CPU program (run-queue, wakeup, off-wake).
+PIPELINES = ("cpu", "offcpu", "sched")
+SPECS = {"cpu": oncpu_spec, "offcpu": offcpu_sampled_spec, "sched": offcpu_spec}
 # (cpu, offcpu, runqlat, wakeup, offwake, frequency... change what is attached)
 
 
@@ -107,40 +112,49 @@ class Agent:
         self.resolver = TargetResolver(cfg.targets)
 
     # --- start ---
-    def _bpf_config(self) -> abi.Config:
+    def _bpf_config(self, kind: str) -> abi.Config:
         c = self.cfg
+        names = [t.name for t in self._types(kind)]
         return abi.Config(
             epoch=0, filter=0, self_tgid=0 if c.include_self else self_tgid(),
-            stack_flags=(abi.STACK_USER if c.user_stacks else 0)
-            | (abi.STACK_KERNEL if c.kernel_stacks else 0),
+            stack_flags=(abi.STACK_USER if set(names) & set(c.user_stacks) else 0)
+            | (abi.STACK_KERNEL if set(names) & set(c.kernel_stacks) else 0),
             min_block_ns=int(c.min_block * 1e9), max_block_ns=int(c.max_block * 1e9),
-            modes=sum(MODE_OF[t.name] for t in self._offcpu_types()))
+            sample_ns=int(c.offcpu_sample * 1e9),
+            modes=sum(MODE_OF.get(n, 0) for n in names) if kind == "sched" else 0)
 
-    def _offcpu_types(self) -> list[ProfileType]:
+    def _types(self, kind: str) -> list[ProfileType]:
+        """The profile types one pipeline builds: "cpu" (on-CPU program),
+        "offcpu" (sampled off-CPU program), "sched" (the exact off-CPU program:
+        run-queue, wakeup, off-wake, and off-CPU when offcpu_sample is 0)."""
         c = self.cfg
-        return [t for t, on in ((OFFCPU_TYPE, c.offcpu), (RUNQ_TYPE, c.runqlat),
+        if kind == "cpu":
+            return [cpu_type(c.frequency)] if c.cpu else []
+        sampled = c.offcpu_sample > 0
+        if kind == "offcpu":
+            return [OFFCPU_TYPE] if c.offcpu and sampled else []
+        return [t for t, on in ((OFFCPU_TYPE, c.offcpu and not sampled), (RUNQ_TYPE, c.runqlat),
                                 (WAKEUP_TYPE, c.wakeup), (OFFWAKE_TYPE, c.offwake)) if on]
 
     def start(self) -> None:
         c = self.cfg
-        if not (c.cpu or self._offcpu_types()):
+        plan = [(kind, self._types(kind)) for kind in PIPELINES if self._types(kind)]
+        if not plan:
             raise ConfigError("agent: no profile type is enabled")
-        if not (c.user_stacks or c.kernel_stacks):
-            raise ConfigError("agent: at least one of user_stacks and kernel_stacks is needed")
-        host.preflight(tracepoints=bool(self._offcpu_types()))
+        for kind, types in plan:
+            cfg = self._bpf_config(kind)
+            if not cfg.stack_flags & (abi.STACK_USER | abi.STACK_KERNEL):
+                raise ConfigError(f"agent: {types[0].name} records neither user nor kernel "
+                                  "stacks (user_stacks, kernel_stacks)")
+        host.preflight(tracepoints=any(kind != "cpu" for kind, _ in plan))
         if c.kernel_stacks:
             try:
                 self.symbolizer.kernel = KernelSymbols()
             except SymbolizationError as exc:
                 log.warning("%s", exc)
         self._serve_http()
-        plan: list[tuple[str, list[ProfileType]]] = []
-        if c.cpu:
-            plan.append(("cpu", [cpu_type(c.frequency)]))
-        if self._offcpu_types():
-            plan.append(("offcpu", self._offcpu_types()))
         for kind, types in plan:
-            prog = Program(oncpu_spec() if kind == "cpu" else offcpu_spec())
+            prog = Program(SPECS[kind]())
             self.pipelines.append(Pipeline(kind, prog, Drainer(prog),
                                            [(t, SampleBuilder(self.symbolizer, t))
                                             for t in types]))
@@ -150,6 +164,8 @@ class Agent:
         for p in self.pipelines:
             if p.kind == "cpu":
                 p.program.attach_cpu_clock(c.frequency)
+            elif p.kind == "offcpu":
+                p.program.attach_sampled_offcpu()
             else:
                 p.program.attach_sched_switch()
         self._window_start_ns = time.time_ns()
@@ -160,7 +176,7 @@ class Agent:
 
     def _apply_bpf_config(self) -> None:
         for p in self.pipelines:
-            cfg = self._bpf_config()
+            cfg = self._bpf_config(p.kind)
             cfg.epoch = p.drainer.epoch
             cfg.filter = p.program.config().filter
             p.program.configure(cfg)
@@ -215,7 +231,7 @@ class Agent:
             result = p.drainer.drain(final=final)
             m = self.metrics
             m.samples.labels(p.kind).inc(result.stats.events)
-            if p.kind == "offcpu":
+            if p.kind != "cpu":
                 m.offcpu_seconds.inc(sum(r.total_ns for r in result.records
                                          if r.kind == abi.KIND_BLOCKED) / 1e9)
             m.stacks_lost.labels(p.kind, "evicted").inc(result.stats.stacks_missing)

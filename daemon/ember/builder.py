@@ -8,6 +8,7 @@ from collections.abc import Iterable
 from . import abi
 from .drain import (
     STACK_COLLISION,
+    STACK_LATE,
     STACK_MISSING,
     STACK_NOT_REQUESTED,
     STACK_UNAVAILABLE,
@@ -32,6 +33,8 @@ def _lost(part: str, problem: str) -> Frame:
         return Frame.marker(f"[lost {part} stack: evicted]", kind)
     if problem == STACK_UNAVAILABLE:
         return Frame.marker(f"[no {part} stack]", kind)
+    if problem == STACK_LATE:
+        return Frame.marker(f"[lost {part} stack: resumed outside a system call]", kind)
     return Frame.marker(f"[lost {part} stack: error]", kind)
 
 

@@ -77,6 +77,11 @@ def build_parser() -> argparse.ArgumentParser:
                      help="off-CPU: ignore blocks shorter than this (default 1)")
     rec.add_argument("--max-block-us", type=_int, default=0,
                      help="off-CPU: ignore blocks longer than this (default: no limit)")
+    rec.add_argument("--sample-us", type=_int, default=1000,
+                     help="off-CPU: blocks this long or longer are always recorded, shorter "
+                          "ones with probability duration/sample-us and weighted by its "
+                          "inverse (unbiased totals, a fraction of the cost); 0 records "
+                          "every block (default 1000)")
     rec.add_argument("--state", type=_int, default=None,
                      help="off-CPU: only threads switched out in these states, as a "
                           "bitmask of TASK_* bits (1 S, 2 D, ...); 0 means runnable "
@@ -223,6 +228,7 @@ def cmd_record(args: argparse.Namespace) -> int:
         mode=args.mode, pids=tuple(args.pid), duration=args.duration, frequency=args.frequency,
         kernel_stacks=args.kernel_stacks, user_stacks=args.user_stacks,
         min_block_us=args.min_block_us, max_block_us=args.max_block_us, state=args.state,
+        sample_us=args.sample_us,
         include_self=args.include_self,
     )
     options.validate()

@@ -22,6 +22,7 @@ _DURATION_UNITS = {"us": 1e-6, "ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 864
 _SIZE = re.compile(r"^\s*(\d+)\s*(B|KiB|MiB|GiB|TiB)?\s*$")
 _SIZE_UNITS = {None: 1, "B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
 _LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+PROFILE_TYPES = ("cpu", "offcpu", "runqlat", "wakeup", "offwake")
 
 
 def parse_duration(text: str | int | float) -> float:
@@ -87,17 +88,32 @@ class AgentConfig:
         "On-CPU samples per second per CPU.", "int", 1, 10000))
     cpu: bool = field(default=True, metadata=_opt("Collect on-CPU profiles.", "bool"))
     offcpu: bool = field(default=True, metadata=_opt(
-        "Collect off-CPU profiles (time blocked, up to the wakeup).", "bool"))
-    runqlat: bool = field(default=True, metadata=_opt(
+        "Collect off-CPU profiles: time blocked, from switch-out to switch-in, with "
+        "duration-weighted sampling (see offcpu_sample).", "bool"))
+    runqlat: bool = field(default=False, metadata=_opt(
         "Collect run-queue latency: time runnable threads waited for a CPU, as a profile "
-        "and as the ember_runqueue_latency_seconds histogram per process.", "bool"))
+        "and as the ember_runqueue_latency_seconds histogram per process (stacks are "
+        "walked at every switch: several times the off-CPU profile's cost).", "bool"))
     wakeup: bool = field(default=False, metadata=_opt(
         "Collect wakeup profiles: wakers' stacks weighted by the time their wakees were "
         "blocked (one more stack walk per wakeup).", "bool"))
     offwake: bool = field(default=False, metadata=_opt(
         "Collect off-wake profiles: blocked stacks joined with their wakers' stacks.", "bool"))
-    kernel_stacks: bool = field(default=True, metadata=_opt("Record kernel stacks.", "bool"))
-    user_stacks: bool = field(default=True, metadata=_opt("Record user stacks.", "bool"))
+    kernel_stacks: tuple[str, ...] = field(default=PROFILE_TYPES, metadata=_opt(
+        "Profile types that record kernel stacks: true (all), false (none) or a list of "
+        "cpu, offcpu, runqlat, wakeup, offwake. Run-queue, wakeup and off-wake profiles "
+        "come from one program: a stack kind one of them records, all three record.",
+        "type_list", choices=PROFILE_TYPES))
+    user_stacks: tuple[str, ...] = field(default=PROFILE_TYPES, metadata=_opt(
+        "Profile types that record user stacks (as kernel_stacks).", "type_list",
+        choices=PROFILE_TYPES))
+    offcpu_sample: float = field(default=0.001, metadata=_opt(
+        "Off-CPU: blocks at least this long are always recorded with their stacks; a "
+        "shorter block of duration d with probability d/offcpu_sample, counted as "
+        "offcpu_sample of time, so totals stay unbiased while short, frequent blocks cost "
+        "almost nothing. 0 records every block with the exact program instead (stacks "
+        "walked at every switch; time split at the wakeup, scheduler frames kept).",
+        "duration", 0, 4))
     min_block: float = field(default=0.000001, metadata=_opt(
         "Off-CPU: ignore blocks shorter than this.", "duration", 0, 3600))
     max_block: float = field(default=0.0, metadata=_opt(
@@ -198,6 +214,16 @@ def _convert(kind: str, value: Any, meta: dict[str, Any]) -> Any:
         if not isinstance(value, str):
             raise ValueError(f"expected a path, got {value!r}")
         return value
+    elif kind == "type_list":
+        if isinstance(value, bool):
+            return tuple(meta["choices"]) if value else ()
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise ValueError(f"expected true, false or a list of profile types, got {value!r}")
+        bad = [v for v in value if v not in meta["choices"]]
+        if bad:
+            raise ValueError(f"unknown profile type {bad[0]!r} "
+                             f"(one of {', '.join(meta['choices'])})")
+        return tuple(dict.fromkeys(value))
     elif kind in ("int_list", "str_list", "regex_list"):
         if not isinstance(value, list):
             raise ValueError(f"expected a list, got {value!r}")
@@ -316,6 +342,8 @@ def _render_default(value: Any, kind: str) -> str:
         return str(value)
     if kind == "bool":
         return "true" if value else "false"
+    if kind == "type_list" and value == PROFILE_TYPES:
+        return "true"
     if isinstance(value, tuple):
         return "[]" if not value else repr(list(value))
     return str(value) if value != "" else '""'

@@ -47,6 +47,7 @@ STACK_MISSING = "missing"           # the id was not in the stack map any more
 STACK_ERROR = "error"               # bpf_get_stackid failed otherwise
 STACK_UNAVAILABLE = "unavailable"   # -EFAULT: no stack of this kind (kernel thread)
 STACK_NOT_REQUESTED = "not-requested"
+STACK_LATE = "late"                 # sampled off-CPU: resumed to user space unseen
 
 
 @dataclass(frozen=True)
@@ -207,6 +208,11 @@ class Drainer:
         def resolve(se: int, sid: int) -> Stack:
             if sid == abi.STACK_NONE:
                 return Stack(problem=STACK_NOT_REQUESTED)
+            if sid == abi.STACK_LATE:
+                return Stack(problem=STACK_LATE)
+            if sid == abi.STACK_STALE:
+                result.stats.stacks_missing += 1
+                return Stack(problem=STACK_MISSING)
             if sid == -errno.EEXIST:
                 return Stack(problem=STACK_COLLISION)
             if sid == -errno.EFAULT:

@@ -29,6 +29,8 @@ _LOST = {
     abi.Stat.KERNEL_STACK_COLLISION: "kernel_collision",
     abi.Stat.USER_STACK_ERROR: "user_error",
     abi.Stat.KERNEL_STACK_ERROR: "kernel_error",
+    abi.Stat.USER_STACK_LATE: "user_late",
+    abi.Stat.KERNEL_STACK_STALE: "kernel_stale",
 }
 
 
@@ -113,6 +115,9 @@ class BpfStatsCollector(Collector):
         lost = CounterMetricFamily("ember_bpf_stacks_lost_total",
                                    "Stack captures that failed in the kernel, by reason",
                                    labels=["type", "reason"])
+        blocks = CounterMetricFamily("ember_bpf_offcpu_blocks_total",
+                                     "Off-CPU blocks seen, and those whose stacks were taken "
+                                     "(duration-weighted sampling)", labels=["type", "stage"])
         run_s = CounterMetricFamily("ember_bpf_program_run_seconds_total",
                                     "Time the kernel spent running ember's programs "
                                     "(needs kernel.bpf_stats_enabled=1)", labels=["type"])
@@ -129,10 +134,13 @@ class BpfStatsCollector(Collector):
             dropped.add_metric([kind, "threads_map_full"], stats[abi.Stat.THREADS_FULL])
             for stat, reason in _LOST.items():
                 lost.add_metric([kind, reason], stats[stat])
+            if getattr(prog, "sampled", False):
+                blocks.add_metric([kind, "seen"], stats[abi.Stat.EVENTS])
+                blocks.add_metric([kind, "sampled"], stats[abi.Stat.SAMPLED])
             t, n = prog.run_stats()
             run_s.add_metric([kind], t / 1e9)
             runs.add_metric([kind], n)
-        yield from (events, dropped, lost, run_s, runs)
+        yield from (events, dropped, lost, blocks, run_s, runs)
         yield self._runq_histogram()
 
     def _runq_histogram(self) -> Metric:

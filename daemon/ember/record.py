@@ -34,7 +34,7 @@ from .model import (
 )
 from .procmaps import ProcessTable, ProcFS
 from .symbolize import Symbolizer
-from .tracer import Program, offcpu_spec, oncpu_spec, self_tgid
+from .tracer import Program, offcpu_sampled_spec, offcpu_spec, oncpu_spec, self_tgid
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +53,7 @@ class RecordOptions:
     user_stacks: bool = True
     min_block_us: int = 1
     max_block_us: int = 0          # 0: no upper limit
+    sample_us: int = 1000          # off-CPU duration-weighted sampling threshold (0: all)
     state: int | None = None       # bcc offcputime semantics: 0 = runnable only
     drain_interval: float = 1.0
     maps_interval: float = 0.1     # how often new processes' maps are read
@@ -70,6 +71,8 @@ class RecordOptions:
                                  f"(kernel.perf_event_max_sample_rate), not {self.frequency}")
         if self.min_block_us < 0 or self.max_block_us < 0:
             raise UsageError("--min-block-us and --max-block-us cannot be negative")
+        if not 0 <= self.sample_us <= 4_000_000:
+            raise UsageError(f"--sample-us must be between 0 and 4000000, not {self.sample_us}")
         if self.max_block_us and self.max_block_us < self.min_block_us:
             raise UsageError(f"--max-block-us {self.max_block_us} is below "
                              f"--min-block-us {self.min_block_us}")
@@ -115,6 +118,10 @@ class Recorder:
         self._closed = False
         self.symbolizer = Symbolizer(ProcessTable(procfs or ProcFS()))
         self.builder = SampleBuilder(self.symbolizer, self.ptype)
+        # off-CPU with duration-weighted sampling (offcpu_sampled.c); the
+        # exact program (offcpu.c) for --sample-us 0 and the kinds that need
+        # the wakeup (runqlat, wakeup, offwake)
+        self.sampled = options.mode == "offcpu" and options.sample_us > 0
 
     def start(self) -> None:
         o = self.options
@@ -124,7 +131,8 @@ class Recorder:
                 self.symbolizer.kernel = KernelSymbols()
             except SymbolizationError as exc:
                 log.warning("%s", exc)
-        spec = oncpu_spec() if o.mode == "cpu" else offcpu_spec()  # one program, four kinds
+        spec = oncpu_spec() if o.mode == "cpu" else (
+            offcpu_sampled_spec() if self.sampled else offcpu_spec())
         self.program = Program(spec)
         cfg = abi.Config(
             epoch=0,
@@ -135,6 +143,7 @@ class Recorder:
             state_mask=o.state_mask(),
             min_block_ns=o.min_block_us * 1000,
             max_block_ns=o.max_block_us * 1000,
+            sample_ns=o.sample_us * 1000,
             modes=MODE_OF.get(o.mode, 0),
         )
         self.program.configure(cfg)
@@ -144,7 +153,9 @@ class Recorder:
         self._t0_wall = time.time_ns()
         self._t0 = time.monotonic_ns()
         if o.mode == "cpu":
-            self.program.attach_cpu_clock(o.frequency)  # the others: the off-CPU program
+            self.program.attach_cpu_clock(o.frequency)
+        elif self.sampled:
+            self.program.attach_sampled_offcpu()
         else:
             self.program.attach_sched_switch()
         log.info("recording %s (%s)", o.mode,

@@ -16,6 +16,7 @@ from typing import Any
 
 from . import abi
 from .bpfmaps import BpfMap, PerCpuArray, StackMap
+from .btfprog import BtfTracepoint
 from .errors import BpfError
 
 log = logging.getLogger(__name__)
@@ -97,6 +98,13 @@ def offcpu_spec(stack_entries: int = 8192, count_entries: int = 16384,
                                     "EMBER_STACK_GENERATIONS": 3})
 
 
+def offcpu_sampled_spec(stack_entries: int = 8192, count_entries: int = 16384) -> ProgramSpec:
+    """Duration-weighted off-CPU sampling (bpf/offcpu_sampled.c)."""
+    return ProgramSpec("offcpu_sampled.c", {"EMBER_STACK_ENTRIES": stack_entries,
+                                            "EMBER_COUNT_ENTRIES": count_entries,
+                                            "EMBER_STACK_GENERATIONS": 3})
+
+
 class Program:
     """One compiled BPF object (bcc module) with ember's maps.
 
@@ -121,7 +129,13 @@ class Program:
                                     self._max("ember_stacks_0"))
                            for i in range(self.generations)]
         self.pids_map = self._map("ember_pids", ct.c_uint64, key=ct.c_uint32)
-        offcpu = "offcpu" in spec.source
+        self.sampled = spec.source == "offcpu_sampled.c"
+        # kernel stacks of sleeping threads (ids with TASK_STACK_BIT)
+        self.task_stack_maps = [StackMap(f"ember_tstacks_{i}", self._fd(f"ember_tstacks_{i}"),
+                                         self._max("ember_tstacks_0"))
+                                for i in range(self.generations)] if self.sampled else []
+        self._btf: list[BtfTracepoint] = []
+        offcpu = spec.source == "offcpu.c"
         self.starts_map = self._map("ember_starts", abi.Start, key=ct.c_uint32) if offcpu else None
         self.wakes_map = self._map("ember_wakes", abi.Wake, key=ct.c_uint32) if offcpu else None
         self.runq_hist_map = (self._map("ember_runq_hist", ct.c_uint64, key=abi.HistKey)
@@ -180,10 +194,21 @@ class Program:
                 raise BpfError(f"attaching {tp.decode()} failed: {exc}") from exc
         self._attached = True
 
+    def attach_sampled_offcpu(self) -> None:
+        """sched_switch and sys_exit as BTF tracepoints (offcpu_sampled.c)."""
+        if not self._btf:
+            self._btf = [BtfTracepoint(self.bpf, "ember_sampled_sys_exit", "sys_exit"),
+                         BtfTracepoint(self.bpf, "ember_sampled_switch", "sched_switch")]
+        for tp in self._btf:  # sys_exit first: a chosen block is never left waiting
+            tp.attach()
+        self._attached = True
+
     def detach(self) -> None:
         """Stop the programs; the maps stay readable until close()."""
         if not self._attached:
             return
+        for tp in reversed(self._btf):
+            tp.detach()
         for (ev_type, ev_config) in list(self.bpf.open_perf_events):
             self.bpf.detach_perf_event(ev_type=ev_type, ev_config=ev_config)
         for tp in list(self.bpf.tracepoint_fds):
@@ -192,6 +217,8 @@ class Program:
 
     def close(self) -> None:
         self.detach()
+        for tp in self._btf:
+            tp.close()
         self.bpf.cleanup()
 
     # -- drain.DrainMaps --
@@ -230,10 +257,14 @@ class Program:
         return out
 
     def stack(self, slot: int, stack_id: int) -> tuple[int, ...] | None:
+        if stack_id & abi.TASK_STACK_BIT and self.task_stack_maps:
+            return self.task_stack_maps[slot].read(stack_id)
         return self.stack_maps[slot].read(stack_id)
 
     def clear_stacks(self, slot: int) -> None:
         self.stack_maps[slot].clear()
+        if self.task_stack_maps:
+            self.task_stack_maps[slot].clear()
 
     def stats(self) -> dict[abi.Stat, int]:
         values = self.stats_map.read_all()
@@ -249,9 +280,10 @@ class Program:
         """(run_time_ns, run_cnt) of this object's programs, from the kernel's
         BPF statistics (zero unless kernel.bpf_stats_enabled=1)."""
         t = n = 0
-        for fn in self.bpf.funcs.values():
+        fds = [fn.fd for fn in self.bpf.funcs.values()] + [tp.prog_fd for tp in self._btf]
+        for fd in fds:
             try:
-                text = Path(f"/proc/self/fdinfo/{fn.fd}").read_text()
+                text = Path(f"/proc/self/fdinfo/{fd}").read_text()
             except OSError:
                 continue
             for line in text.splitlines():

@@ -72,8 +72,10 @@ def test_ground_truth_through_the_collector(start_workload, tmp_path: Path) -> N
     port = free_port()
     c = collector_at(tmp_path, port)
     try:
-        with running_agent(agent_cfg(tmp_path, port, w.pid)) as agent:
+        # all three programs: on-CPU, sampled off-CPU, and the exact one for runqlat
+        with running_agent(agent_cfg(tmp_path, port, w.pid, runqlat=True)) as agent:
             time.sleep(5)
+        assert [p.kind for p in agent.pipelines] == ["cpu", "offcpu", "sched"]
         assert agent.spool.stats()[0] == 0
         code, body, _ = c.handle("/api/v1/profile", {"type": ["cpu"], "since": ["5m"],
                                                       "format": ["json"]}, "")

@@ -12,7 +12,7 @@ import pytest
 
 from ember import abi
 from ember.drain import Drainer
-from ember.tracer import Program, offcpu_spec, oncpu_spec, self_tgid
+from ember.tracer import Program, offcpu_sampled_spec, offcpu_spec, oncpu_spec, self_tgid
 
 pytestmark = pytest.mark.bpf
 
@@ -72,3 +72,35 @@ def test_offcpu_exact() -> None:
     assert events == stats[abi.Stat.COUNTED] > 10_000
     assert ns == stats[abi.Stat.COUNTED_NS]
     assert stats[abi.Stat.COUNTS_FULL] == 0 and missing == 0
+
+
+@pytest.mark.parametrize("sample_ns", [0, 1_000_000])
+def test_offcpu_sampled_exact(sample_ns: int) -> None:
+    """The sampled program under a switch storm: every block taken (0) or
+    one in hundreds (1 ms). Weighted counts drained equal what the kernel
+    counted, and no kernel stack is lost across the drains, though a chosen
+    block is counted at the thread's next system call exit, often an epoch
+    after its kernel stack was stored."""
+    p = Program(offcpu_sampled_spec())
+    storm = subprocess.Popen(["perf", "bench", "sched", "pipe", "-l", "2000000"],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                             start_new_session=True)
+    try:
+        p.configure(abi.Config(stack_flags=abi.STACK_USER | abi.STACK_KERNEL,
+                               self_tgid=self_tgid(), sample_ns=sample_ns))
+        p.attach_sampled_offcpu()
+        events, ns, missing = drain_loop(p, 3)
+        stats = p.stats()
+    finally:
+        os.killpg(storm.pid, signal.SIGKILL)
+        storm.wait()
+        p.close()
+    assert events == stats[abi.Stat.COUNTED] > 10_000
+    assert ns == stats[abi.Stat.COUNTED_NS]
+    assert stats[abi.Stat.COUNTS_FULL] == 0 and missing == 0
+    assert stats[abi.Stat.KERNEL_STACK_STALE] == 0
+    assert stats[abi.Stat.KERNEL_STACK_COLLISION] == 0
+    if sample_ns:
+        assert stats[abi.Stat.SAMPLED] < 0.05 * stats[abi.Stat.EVENTS]
+    else:
+        assert stats[abi.Stat.SAMPLED] == stats[abi.Stat.EVENTS]

@@ -3,30 +3,35 @@
 from __future__ import annotations
 
 import subprocess
+import threading
 import time
 
 import pytest
 
-from ember.record import RecordOptions
+from ember.record import Recorder, RecordOptions
 
 from .helpers import inclusive, record, where
 
 pytestmark = pytest.mark.bpf
 
 
-def test_epoll_and_sleep_split(start_workload) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("sample_us", [1000, 0], ids=["sampled", "exact"])
+def test_epoll_and_sleep_split(start_workload, sample_us: int) -> None:  # type: ignore[no-untyped-def]
     w = start_workload("offcpu_waits")
     duration = 5.0
-    profile, rec = record(RecordOptions(mode="offcpu", pids=(w.pid,), duration=duration))
+    profile, rec = record(RecordOptions(mode="offcpu", pids=(w.pid,), duration=duration,
+                                        sample_us=sample_us))
     waiter = where(profile, lambda s: s.thread_name == "waiter")
     shares = inclusive(waiter, ["wait_epoll", "wait_sleep"], 1)
     assert abs(shares["wait_epoll"] - 40) <= 3, shares
     assert abs(shares["wait_sleep"] - 60) <= 3, shares
     blocked_s = sum(s.values[1] for s in waiter) / 1e9
     assert abs(blocked_s - duration) <= 0.1 * duration, blocked_s
-    # the kernel part names the blocking paths
+    # the kernel part names the blocking paths; the sleeping-task walker of
+    # the sampled program leaves out scheduler (__sched) functions
     frames = {f.name for s in waiter for f in s.frames}
-    assert {"do_epoll_wait", "do_nanosleep", "schedule"} <= frames, frames
+    assert {"do_epoll_wait", "__x64_sys_nanosleep"} <= frames, frames
+    assert ({"schedule", "do_nanosleep"} <= frames) == (sample_us == 0), frames
     assert {dict(s.labels)["thread_state"] for s in waiter} == {"sleeping"}
     assert rec.stats.kernel["counted_ns"] == sum(
         s.values[1] for s in profile.samples if ("in_flight", "true") not in s.labels)
@@ -71,3 +76,47 @@ def test_runnable_time_kept_apart(fixture_bin) -> None:  # type: ignore[no-untyp
         for p in procs:
             p.kill()
             p.wait()
+
+
+@pytest.mark.parametrize("sample_us", [1000, 0], ids=["sampled", "exact"])
+def test_duration_weighted_sampling_is_unbiased(fixture_bin, sample_us: int) -> None:  # type: ignore[no-untyped-def]
+    """Thousands of 20 us sleeps and a few 10 ms ones, about half the time
+    each: sampled at 1 ms, a short block is taken with probability ~0.08 and
+    stands for ~12 blocks; the estimates must match what the program measured
+    of itself, as the exact program's do."""
+    proc = subprocess.Popen([str(fixture_bin / "short_waits"), "3"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdin is not None
+        pid = int(proc.stdout.readline().split()[1])
+        rec = Recorder(RecordOptions(mode="offcpu", pids=(pid,), duration=4.0,
+                                     sample_us=sample_us))
+        rec.start()
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        profile = rec.run(threading.Event())
+        _, short_ns, long_ns, short_n, long_n = proc.stdout.readline().split()
+        proc.wait(timeout=5)
+    finally:
+        proc.kill()
+    waiter = where(profile, lambda s: s.thread_name == "waiter")
+
+    def estimate(fn: str, index: int) -> int:
+        return sum(s.values[index] for s in waiter if any(f.name == fn for f in s.frames))
+
+    truth_short, truth_long = int(short_ns), int(long_ns)
+    est_short, est_long = estimate("wait_short", 1), estimate("wait_long", 1)
+    share = 100 * est_short / (est_short + est_long)
+    truth_share = 100 * truth_short / (truth_short + truth_long)
+    assert abs(share - truth_share) <= 4, (share, truth_share)
+    # off-CPU time is the wall time less the few microseconds on CPU per call
+    assert 0.85 <= est_short / truth_short <= 1.08, (est_short, truth_short)
+    assert 0.92 <= est_long / truth_long <= 1.05, (est_long, truth_long)
+    # the number of blocks is estimated as well
+    assert 0.9 <= estimate("wait_short", 0) / int(short_n) <= 1.1
+    assert 0.95 <= estimate("wait_long", 0) / int(long_n) <= 1.05
+    k = rec.stats.kernel
+    if sample_us:
+        # and the cost: stacks were walked for a small part of the blocks
+        assert k["sampled"] < 0.2 * k["events"], k
+        assert k["user_stack_late"] == 0 and k["kernel_stack_stale"] == 0, k

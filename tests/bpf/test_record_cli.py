@@ -35,7 +35,7 @@ def test_folded_with_delimiter(start_workload, tmp_path: Path) -> None:  # type:
         # thread; user frames; -; kernel frames; state
         assert "-" in frames and frames.index("wait_epoll" if "wait_epoll" in frames
                                               else "wait_sleep") < frames.index("-")
-        assert frames.index("-") < frames.index("schedule")
+        assert frames.index("-") < frames.index("do_syscall_64")
         assert frames[-1] == "[sleeping]"
     # microseconds: about 2 s in total
     assert 1.7e6 <= sum(waiter.values()) <= 2.2e6
@@ -87,6 +87,6 @@ def test_ctrl_c_still_writes(start_workload, tmp_path: Path) -> None:  # type: i
 
 
 def test_programs_compile_with_warnings_as_errors() -> None:
-    from ember.tracer import Program, offcpu_spec, oncpu_spec
-    for spec in (oncpu_spec(), offcpu_spec()):
+    from ember.tracer import Program, offcpu_sampled_spec, offcpu_spec, oncpu_spec
+    for spec in (oncpu_spec(), offcpu_spec(), offcpu_sampled_spec()):
         Program(spec, strict=True).close()

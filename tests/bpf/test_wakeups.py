@@ -69,7 +69,7 @@ def test_agent_ships_all_types_and_the_runq_histogram(start_workload, tmp_path: 
     c.start()
     try:
         cfg = config.override(AgentConfig(), collector=f"127.0.0.1:{port}", interval=1.0,
-                              metrics_listen=f"127.0.0.1:{metrics_port}", wakeup=True,
+                              metrics_listen=f"127.0.0.1:{metrics_port}", wakeup=True, runqlat=True,
                               offwake=True, spool_dir=str(tmp_path / "spool"),
                               targets=Targets(pids=(w.pid,)))
         with running_agent(cfg):

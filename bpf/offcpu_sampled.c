@@ -1,0 +1,265 @@
+/* SPDX-License-Identifier: Apache-2.0
+ *
+ * Off-CPU time, duration-weighted sampling: the default off-CPU profile.
+ *
+ * Walking stacks at every context switch is what makes off-CPU profiling
+ * expensive (offcpu.c: about 3 us per switch with kernel and user stacks). This
+ * program walks them only for the blocks it chooses, and chooses by duration
+ * once the duration is known:
+ *
+ *   switch-out (prev)    time and state into the thread's task storage: cheap
+ *   switch-in (next)     d = off-CPU time. Taken with probability
+ *                        p = min(1, d / sample_ns); a taken block counts for
+ *                        d / p nanoseconds and 1 / p blocks, so totals stay
+ *                        unbiased while a block of 2 us costs 1/500 of a stack
+ *                        walk at sample_ns = 1 ms and long blocks are always
+ *                        taken. The kernel stack of next, still asleep in
+ *                        schedule(), is walked here (bpf_get_task_stack).
+ *   sys_exit (the thread) the user stack: a thread woken in a system call is
+ *                        current again with the user registers it blocked
+ *                        with, so its user stack is the one it blocked in.
+ *   its next switch-out  a chosen block not yet counted (the thread resumed
+ *                        outside a system call: page fault, kernel thread)
+ *                        is counted there; its user stack is taken only if
+ *                        the user registers are still those of the block,
+ *                        and is otherwise marked late, never guessed.
+ *
+ * Off-CPU time here runs from switch-out to switch-in (run-queue wait
+ * included, as bcc's offcputime counts it); offcpu.c splits it at the wakeup.
+ *
+ * Attached as BTF tracepoints (tp_btf) by daemon/ember/btfprog.py: they get
+ * the task pointers, which task storage and bpf_get_task_stack need. Kernel
+ * structs are never read through header offsets: only helpers, and struct
+ * pt_regs, whose layout is the x86-64 entry ABI.
+ */
+#include "common.h"
+
+struct task_struct;
+
+struct ember_stack {
+    u64 ips[EMBER_MAX_STACK_DEPTH];
+};
+
+BPF_TASK_STORAGE(ember_blocks, struct ember_block);
+BPF_PERCPU_ARRAY(ember_scratch, struct ember_stack, 1);
+BPF_HASH(ember_tstacks_0, u32, struct ember_stack, EMBER_STACK_ENTRIES);
+BPF_HASH(ember_tstacks_1, u32, struct ember_stack, EMBER_STACK_ENTRIES);
+BPF_HASH(ember_tstacks_2, u32, struct ember_stack, EMBER_STACK_ENTRIES);
+
+static __always_inline u32 ember_raw_state(bool preempt, u32 raw)
+{
+    if (preempt || raw == 0)
+        return EMBER_STATE_RUNNABLE;
+    if (raw == (EMBER_RAW_TASK_NOLOAD | EMBER_STATE_UNINTERRUPTIBLE))
+        return EMBER_STATE_IDLE;
+    if (raw & EMBER_RAW_TASK_RTLOCK_WAIT)
+        return EMBER_STATE_UNINTERRUPTIBLE;
+    return raw & EMBER_RAW_TASK_REPORT;
+}
+
+/* The user registers the thread entered the kernel with. */
+static __always_inline void ember_user_regs(struct task_struct *task, u64 *ip, u64 *sp)
+{
+    struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(task);
+    *ip = 0;
+    *sp = 0;
+    if (!regs)
+        return;
+    bpf_probe_read_kernel(ip, sizeof(*ip), &regs->ip);
+    bpf_probe_read_kernel(sp, sizeof(*sp), &regs->sp);
+}
+
+static __always_inline int ember_tstack_insert(u32 slot, u32 *id, struct ember_stack *buf,
+                                               struct ember_stack **old)
+{
+    int rc;
+    if (slot == 2) {
+        rc = ember_tstacks_2.insert(id, buf);
+        *old = rc == -EEXIST ? ember_tstacks_2.lookup(id) : 0;
+    } else if (slot == 1) {
+        rc = ember_tstacks_1.insert(id, buf);
+        *old = rc == -EEXIST ? ember_tstacks_1.lookup(id) : 0;
+    } else {
+        rc = ember_tstacks_0.insert(id, buf);
+        *old = rc == -EEXIST ? ember_tstacks_0.lookup(id) : 0;
+    }
+    return rc;
+}
+
+/* The kernel stack of a thread that is not running, stored by content hash
+ * in the generation stack_epoch. Returns an id with EMBER_TASK_STACK_BIT, or
+ * a negative errno as bpf_get_stackid would (-EEXIST: a different stack
+ * holds the id). */
+static __always_inline s32 ember_task_kstack(struct task_struct *task, u32 stack_epoch)
+{
+    u32 zero = 0;
+    struct ember_stack *buf = ember_scratch.lookup(&zero);
+    if (!buf)
+        return -ENOMEM;
+    long n = bpf_get_task_stack(task, buf->ips, sizeof(buf->ips), 0);
+    if (n <= 0)
+        return n < 0 ? (s32)n : -EFAULT;
+    u64 h = 0xcbf29ce484222325ULL; /* FNV-1a over the addresses */
+    for (int i = 0; i < EMBER_MAX_STACK_DEPTH; i++) {
+        if (!buf->ips[i])
+            break;
+        h = (h ^ buf->ips[i]) * 0x100000001b3ULL;
+    }
+    u32 id = ((u32)(h ^ (h >> 32)) & (EMBER_TASK_STACK_BIT - 1)) | EMBER_TASK_STACK_BIT;
+    struct ember_stack *old = 0;
+    int rc = ember_tstack_insert(stack_epoch % EMBER_STACK_GENERATIONS, &id, buf, &old);
+    if (rc == 0)
+        return id;
+    if (rc != -EEXIST || !old)
+        return rc;
+    for (int i = 0; i < EMBER_MAX_STACK_DEPTH; i++) {
+        if (old->ips[i] != buf->ips[i])
+            return -EEXIST;
+        if (!buf->ips[i])
+            break;
+    }
+    return id;
+}
+
+/* Count the chosen block of the current thread (b->weight_ns != 0). */
+static __always_inline void ember_count_block(void *ctx, struct ember_config *cfg,
+                                              struct ember_block *b, bool exact_user)
+{
+    u64 id = bpf_get_current_pid_tgid();
+    struct ember_key key = {};
+    key.pid = id >> 32;
+    key.tid = (u32)id;
+    key.kind = EMBER_KIND_BLOCKED;
+    key.epoch = cfg->epoch;
+    key.state = b->pending_state;
+    key.kernel_stack_id = b->kernel_stack_id;
+    key.stack_epoch = b->stack_epoch;
+    if (cfg->epoch > b->stack_epoch + 1) {
+        /* a drain has recycled the slot holding the kernel stack */
+        if (key.kernel_stack_id >= 0) {
+            key.kernel_stack_id = EMBER_STACK_STALE;
+            ember_stat_add(EMBER_STAT_KERNEL_STACK_STALE, 1);
+        }
+        key.stack_epoch = cfg->epoch;
+    }
+    key.user_stack_id = EMBER_STACK_NONE;
+    if (cfg->stack_flags & EMBER_STACK_USER) {
+        if (exact_user) {
+            key.user_stack_id = ember_stackid(ctx, key.stack_epoch, BPF_F_USER_STACK);
+            ember_stack_error(key.user_stack_id, EMBER_STAT_USER_STACK_COLLISION,
+                              EMBER_STAT_USER_STACK_ERROR);
+        } else {
+            key.user_stack_id = EMBER_STACK_LATE;
+            ember_stat_add(EMBER_STAT_USER_STACK_LATE, 1);
+        }
+    }
+    bpf_get_current_comm(&key.comm, sizeof(key.comm));
+    struct ember_value zero = {};
+    struct ember_value *val = ember_counts.lookup_or_try_init(&key, &zero);
+    if (!val) {
+        ember_stat_add(EMBER_STAT_COUNTS_FULL, b->weight_count);
+        ember_stat_add(EMBER_STAT_COUNTS_FULL_NS, b->weight_ns);
+    } else {
+        __sync_fetch_and_add(&val->count, b->weight_count);
+        __sync_fetch_and_add(&val->total_ns, b->weight_ns);
+        ember_stat_add(EMBER_STAT_COUNTED, b->weight_count);
+        ember_stat_add(EMBER_STAT_COUNTED_NS, b->weight_ns);
+    }
+    ember_note_pid(key.pid);
+    b->weight_ns = 0;
+}
+
+/* tp_btf/sched_switch(bool preempt, prev, next, unsigned int prev_state) */
+int ember_sampled_switch(u64 *ctx)
+{
+    struct ember_config *cfg = ember_get_config();
+    if (!cfg)
+        return 0;
+    struct task_struct *prev = (struct task_struct *)ctx[1];
+    struct task_struct *next = (struct task_struct *)ctx[2];
+    u64 now = bpf_ktime_get_ns();
+
+    u64 id = bpf_get_current_pid_tgid();
+    if ((u32)id != 0) {
+        struct ember_block *b = ember_blocks.task_storage_get(prev, 0, 0);
+        if (b && b->weight_ns) {
+            /* chosen earlier and not counted at a system call exit */
+            u64 ip, sp;
+            ember_user_regs(prev, &ip, &sp);
+            ember_count_block(ctx, cfg, b, ip == b->user_ip && sp == b->user_sp);
+        }
+        bool preempt = (bool)ctx[0];
+        u32 raw = (u32)ctx[3];
+        u32 state = ember_raw_state(preempt, raw);
+        if (!preempt && (raw & EMBER_RAW_TASK_DEAD)) {
+            /* the thread's last switch */
+        } else if (state == EMBER_STATE_RUNNABLE ? !(cfg->state_mask & EMBER_STATE_RUNNABLE)
+                                                 : cfg->state_mask && !(state & cfg->state_mask)) {
+            /* preempted threads only on request (--state 0): runqlat times them */
+            ember_stat_add(EMBER_STAT_STATE_FILTERED, 1);
+        } else if (!ember_wanted(cfg, id >> 32)) {
+            ember_stat_add(EMBER_STAT_FILTERED, 1);
+        } else {
+            if (!b)
+                b = ember_blocks.task_storage_get(prev, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
+            if (b) {
+                b->ts = now;
+                b->state = state;
+            } else {
+                ember_stat_add(EMBER_STAT_THREADS_FULL, 1);
+            }
+        }
+    }
+
+    struct ember_block *b = ember_blocks.task_storage_get(next, 0, 0);
+    if (!b || !b->ts)
+        return 0;
+    u64 d = now - b->ts;
+    b->ts = 0;
+    if (d < cfg->min_block_ns) {
+        ember_stat_add(EMBER_STAT_BELOW_MIN, 1);
+        return 0;
+    }
+    if (cfg->max_block_ns && d > cfg->max_block_ns) {
+        ember_stat_add(EMBER_STAT_ABOVE_MAX, 1);
+        return 0;
+    }
+    ember_stat_add(EMBER_STAT_EVENTS, 1);
+    u64 t = cfg->sample_ns;
+    u64 weight_count = 1, weight_ns = d;
+    if (t && d < t) {
+        /* taken with probability d / t; then it stands for t / d blocks,
+         * rounded at random so the count stays unbiased, and t ns */
+        if (((u64)bpf_get_prandom_u32() * t) >> 32 >= d)
+            return 0;
+        u64 whole = t / d, frac = ((t % d) << 32) / d;
+        weight_count = whole + ((u64)bpf_get_prandom_u32() < frac ? 1 : 0);
+        weight_ns = t;
+    }
+    ember_stat_add(EMBER_STAT_SAMPLED, 1);
+    u32 epoch = cfg->epoch;
+    b->stack_epoch = epoch;
+    b->pending_state = b->state;
+    b->weight_count = weight_count;
+    b->kernel_stack_id = EMBER_STACK_NONE;
+    if (cfg->stack_flags & EMBER_STACK_KERNEL) {
+        b->kernel_stack_id = ember_task_kstack(next, epoch);
+        ember_stack_error(b->kernel_stack_id, EMBER_STAT_KERNEL_STACK_COLLISION,
+                          EMBER_STAT_KERNEL_STACK_ERROR);
+    }
+    ember_user_regs(next, &b->user_ip, &b->user_sp);
+    b->weight_ns = weight_ns; /* last: marks the block pending */
+    return 0;
+}
+
+/* tp_btf/sys_exit(struct pt_regs *regs, long ret): the thread is current. */
+int ember_sampled_sys_exit(u64 *ctx)
+{
+    struct ember_block *b = ember_blocks.task_storage_get(bpf_get_current_task_btf(), 0, 0);
+    if (!b || !b->weight_ns)
+        return 0;
+    struct ember_config *cfg = ember_get_config();
+    if (cfg)
+        ember_count_block(ctx, cfg, b, true);
+    return 0;
+}
