@@ -189,6 +189,10 @@ struct ember_block {
     __u32 stack_epoch;
     __u32 state;            /* EMBER_STATE_* at switch-out */
     __u32 pending_state;    /* state of the pending block */
+    __u32 resume_seen;      /* a resume hook counted a block of this thread: it
+                             * fires on every return to user space, so equal
+                             * user registers mean the same kernel entry */
+    __u32 reserved;
 };
 
 /* Kernel stacks of sleeping threads (bpf_get_task_stack) live in a hash map

@@ -15,14 +15,16 @@
  *                        walk at sample_ns = 1 ms and long blocks are always
  *                        taken. The kernel stack of next, still asleep in
  *                        schedule(), is walked here (bpf_get_task_stack).
- *   sys_exit (the thread) the user stack: a thread woken in a system call is
- *                        current again with the user registers it blocked
- *                        with, so its user stack is the one it blocked in.
- *   its next switch-out  a chosen block not yet counted (the thread resumed
- *                        outside a system call: page fault, kernel thread)
- *                        is counted there; its user stack is taken only if
- *                        the user registers are still those of the block,
- *                        and is otherwise marked late, never guessed.
+ *   back to user space   the user stack (rseq_update, optionally sys_exit):
+ *                        the thread is current again with the user registers
+ *                        it blocked with, so its user stack is the one it
+ *                        blocked in.
+ *   its next switch-out  a chosen block not yet counted (a kernel thread, or
+ *                        a thread those hooks missed) is counted there; its
+ *                        user stack is taken only if the thread cannot have
+ *                        been back in user space (a resume hook has seen it
+ *                        and its user registers are still those of the
+ *                        block), and is otherwise marked late, never guessed.
  *
  * Off-CPU time here runs from switch-out to switch-in (run-queue wait
  * included, as bcc's offcputime counts it); offcpu.c splits it at the wakeup.
@@ -121,7 +123,9 @@ static __always_inline s32 ember_task_kstack(struct task_struct *task, u32 stack
     return id;
 }
 
-/* Count the chosen block of the current thread (b->weight_ns != 0). */
+/* Count the chosen block of the current thread (b->weight_ns != 0); its user
+ * stack is taken if exact_user (the thread is still in the kernel entry it
+ * blocked in), else marked late. */
 static __always_inline void ember_count_block(void *ctx, struct ember_config *cfg,
                                               struct ember_block *b, bool exact_user)
 {
@@ -149,8 +153,13 @@ static __always_inline void ember_count_block(void *ctx, struct ember_config *cf
             ember_stack_error(key.user_stack_id, EMBER_STAT_USER_STACK_COLLISION,
                               EMBER_STAT_USER_STACK_ERROR);
         } else {
-            key.user_stack_id = EMBER_STACK_LATE;
-            ember_stat_add(EMBER_STAT_USER_STACK_LATE, 1);
+            u64 probe;
+            if (bpf_get_stack(ctx, &probe, sizeof(probe), BPF_F_USER_STACK) == -EFAULT) {
+                key.user_stack_id = -EFAULT; /* a kernel thread: no user stack */
+            } else {
+                key.user_stack_id = EMBER_STACK_LATE;
+                ember_stat_add(EMBER_STAT_USER_STACK_LATE, 1);
+            }
         }
     }
     bpf_get_current_comm(&key.comm, sizeof(key.comm));
@@ -186,7 +195,8 @@ int ember_sampled_switch(u64 *ctx)
             /* chosen earlier and not counted at a system call exit */
             u64 ip, sp;
             ember_user_regs(prev, &ip, &sp);
-            ember_count_block(ctx, cfg, b, ip == b->user_ip && sp == b->user_sp);
+            ember_count_block(ctx, cfg, b,
+                              b->resume_seen && ip == b->user_ip && sp == b->user_sp);
         }
         bool preempt = (bool)ctx[0];
         u32 raw = (u32)ctx[3];
@@ -252,8 +262,16 @@ int ember_sampled_switch(u64 *ctx)
     return 0;
 }
 
-/* tp_btf/sys_exit(struct pt_regs *regs, long ret): the thread is current. */
-int ember_sampled_sys_exit(u64 *ctx)
+/* Back to user space: the thread is current, with the user registers it
+ * entered the kernel with.
+ *
+ * tp_btf/rseq_update fires once on the way back to user space after every
+ * switch-out (prepare_task_switch() sets TIF_NOTIFY_RESUME for rseq), for
+ * threads that registered rseq: every thread of glibc >= 2.35. It costs one
+ * program run per switch. tp_btf/sys_exit (optional) also covers threads
+ * without rseq (Go, musl, older glibc), but enabling it puts every system
+ * call of the host on the slow path. */
+int ember_sampled_resume(u64 *ctx)
 {
     struct ember_block *b = ember_blocks.task_storage_get(bpf_get_current_task_btf(), 0, 0);
     if (!b || !b->weight_ns)
@@ -261,5 +279,6 @@ int ember_sampled_sys_exit(u64 *ctx)
     struct ember_config *cfg = ember_get_config();
     if (cfg)
         ember_count_block(ctx, cfg, b, true);
+    b->resume_seen = 1;
     return 0;
 }

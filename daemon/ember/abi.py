@@ -173,6 +173,8 @@ class Block(ct.Structure):
         ("stack_epoch", ct.c_uint32),
         ("state", ct.c_uint32),
         ("pending_state", ct.c_uint32),
+        ("resume_seen", ct.c_uint32),
+        ("reserved", ct.c_uint32),
     ]
 
 

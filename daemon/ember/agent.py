@@ -165,7 +165,7 @@ class Agent:
             if p.kind == "cpu":
                 p.program.attach_cpu_clock(c.frequency)
             elif p.kind == "offcpu":
-                p.program.attach_sampled_offcpu()
+                p.program.attach_sampled_offcpu(sys_exit=c.offcpu_sys_exit)
             else:
                 p.program.attach_sched_switch()
         self._window_start_ns = time.time_ns()

@@ -34,7 +34,7 @@ def _lost(part: str, problem: str) -> Frame:
     if problem == STACK_UNAVAILABLE:
         return Frame.marker(f"[no {part} stack]", kind)
     if problem == STACK_LATE:
-        return Frame.marker(f"[lost {part} stack: resumed outside a system call]", kind)
+        return Frame.marker(f"[lost {part} stack: resumed unseen]", kind)
     return Frame.marker(f"[lost {part} stack: error]", kind)
 
 

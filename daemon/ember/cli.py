@@ -82,6 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
                           "ones with probability duration/sample-us and weighted by its "
                           "inverse (unbiased totals, a fraction of the cost); 0 records "
                           "every block (default 1000)")
+    rec.add_argument("--sys-exit-hook", action="store_true",
+                     help="off-CPU: also take user stacks at system call exit, for programs "
+                          "without rseq (Go, musl, glibc < 2.35); slows every system call")
     rec.add_argument("--state", type=_int, default=None,
                      help="off-CPU: only threads switched out in these states, as a "
                           "bitmask of TASK_* bits (1 S, 2 D, ...); 0 means runnable "
@@ -228,7 +231,7 @@ def cmd_record(args: argparse.Namespace) -> int:
         mode=args.mode, pids=tuple(args.pid), duration=args.duration, frequency=args.frequency,
         kernel_stacks=args.kernel_stacks, user_stacks=args.user_stacks,
         min_block_us=args.min_block_us, max_block_us=args.max_block_us, state=args.state,
-        sample_us=args.sample_us,
+        sample_us=args.sample_us, sys_exit_hook=args.sys_exit_hook,
         include_self=args.include_self,
     )
     options.validate()

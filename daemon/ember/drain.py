@@ -47,7 +47,7 @@ STACK_MISSING = "missing"           # the id was not in the stack map any more
 STACK_ERROR = "error"               # bpf_get_stackid failed otherwise
 STACK_UNAVAILABLE = "unavailable"   # -EFAULT: no stack of this kind (kernel thread)
 STACK_NOT_REQUESTED = "not-requested"
-STACK_LATE = "late"                 # sampled off-CPU: resumed to user space unseen
+STACK_LATE = "late"                 # sampled off-CPU: back in user space unseen
 
 
 @dataclass(frozen=True)

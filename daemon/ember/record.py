@@ -54,6 +54,7 @@ class RecordOptions:
     min_block_us: int = 1
     max_block_us: int = 0          # 0: no upper limit
     sample_us: int = 1000          # off-CPU duration-weighted sampling threshold (0: all)
+    sys_exit_hook: bool = False    # sampled off-CPU: user stacks at sys_exit too (no rseq)
     state: int | None = None       # bcc offcputime semantics: 0 = runnable only
     drain_interval: float = 1.0
     maps_interval: float = 0.1     # how often new processes' maps are read
@@ -155,7 +156,7 @@ class Recorder:
         if o.mode == "cpu":
             self.program.attach_cpu_clock(o.frequency)
         elif self.sampled:
-            self.program.attach_sampled_offcpu()
+            self.program.attach_sampled_offcpu(sys_exit=o.sys_exit_hook)
         else:
             self.program.attach_sched_switch()
         log.info("recording %s (%s)", o.mode,

@@ -194,12 +194,14 @@ class Program:
                 raise BpfError(f"attaching {tp.decode()} failed: {exc}") from exc
         self._attached = True
 
-    def attach_sampled_offcpu(self) -> None:
-        """sched_switch and sys_exit as BTF tracepoints (offcpu_sampled.c)."""
+    def attach_sampled_offcpu(self, sys_exit: bool = False) -> None:
+        """sched_switch, rseq_update and optionally sys_exit, as BTF
+        tracepoints (offcpu_sampled.c)."""
         if not self._btf:
-            self._btf = [BtfTracepoint(self.bpf, "ember_sampled_sys_exit", "sys_exit"),
-                         BtfTracepoint(self.bpf, "ember_sampled_switch", "sched_switch")]
-        for tp in self._btf:  # sys_exit first: a chosen block is never left waiting
+            hooks = ["rseq_update"] + (["sys_exit"] if sys_exit else [])
+            self._btf = [BtfTracepoint(self.bpf, "ember_sampled_resume", tp) for tp in hooks]
+            self._btf.append(BtfTracepoint(self.bpf, "ember_sampled_switch", "sched_switch"))
+        for tp in self._btf:  # resume hooks first: a chosen block is never left waiting
             tp.attach()
         self._attached = True
 

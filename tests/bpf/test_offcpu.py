@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import threading
 import time
@@ -120,3 +121,32 @@ def test_duration_weighted_sampling_is_unbiased(fixture_bin, sample_us: int) -> 
         # and the cost: stacks were walked for a small part of the blocks
         assert k["sampled"] < 0.2 * k["events"], k
         assert k["user_stack_late"] == 0 and k["kernel_stack_stale"] == 0, k
+
+
+@pytest.mark.parametrize("sys_exit", [False, True], ids=["rseq", "rseq+sys_exit"])
+def test_threads_without_rseq(fixture_bin, sys_exit: bool) -> None:  # type: ignore[no-untyped-def]
+    """User stacks of sampled blocks are taken on the way back to user space
+    through rseq_update. A thread without rseq (here: glibc told not to
+    register it) is missed there; its user stack is then marked lost, never
+    guessed, unless the sys_exit hook is on."""
+    env = {**os.environ, "GLIBC_TUNABLES": "glibc.pthread.rseq=0"}
+    proc = subprocess.Popen([str(fixture_bin / "offcpu_waits"), "10"], env=env,
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        pid = int(proc.stdout.readline().split()[1])
+        profile, rec = record(RecordOptions(mode="offcpu", pids=(pid,), duration=1.5,
+                                            sys_exit_hook=sys_exit))
+    finally:
+        proc.kill()
+        proc.wait()
+    waiter = where(profile, lambda s: s.thread_name == "waiter")
+    frames = {f.name for s in waiter for f in s.frames}
+    if sys_exit:
+        assert {"wait_epoll", "wait_sleep"} <= frames
+        assert rec.stats.kernel["user_stack_late"] == 0
+    else:
+        assert not {"wait_epoll", "wait_sleep"} & frames
+        assert "[lost user stack: resumed unseen]" in frames
+        assert rec.stats.kernel["user_stack_late"] > 0
+    assert "do_epoll_wait" in frames  # the kernel side is there either way
