@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 SETUP_STAMP := $(VENV)/.setup-done
 
-.PHONY: setup fixtures proto lint test unit run clean
+.PHONY: setup fixtures proto lint test unit run bench clean
 
 $(SETUP_STAMP): deploy/host-setup.sh pyproject.toml
 	deploy/host-setup.sh --dev --venv $(VENV)
@@ -40,6 +40,11 @@ test: setup fixtures lint
 # The collector and the agent on this host, profiling all of it (Ctrl-C stops).
 run: setup
 	EMBER=$(VENV)/bin/ember deploy/run-local.sh .ember
+
+# The overhead benchmark suite (root; about 10 minutes): tables of ratios
+# against baselines measured in the same run. Not a test: nothing is asserted.
+bench: setup fixtures
+	$(PY) bench/suite.py
 
 clean:
 	$(MAKE) -s -C tests/fixtures clean

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import select
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -47,3 +48,52 @@ def summary(xs: list[float]) -> str:
 def need_root() -> None:
     if os.geteuid() != 0:
         sys.exit("run as root (BPF)")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def status_kb(pid: int, key: str) -> int:
+    """A field of /proc/PID/status in kB (VmRSS, VmHWM, ...)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1])
+    return 0
+
+
+def fdinfo(pid: int) -> list[dict[str, str]]:
+    """The fdinfo fields of every open fd of a process (BPF maps and programs
+    show map_type / prog_type, memlock, run_time_ns, run_cnt)."""
+    out = []
+    for info in Path(f"/proc/{pid}/fdinfo").iterdir():
+        try:
+            text = info.read_text()
+        except OSError:
+            continue
+        out.append(dict(line.split(":\t", 1) for line in text.splitlines() if ":\t" in line))
+    return out
+
+
+def prog_stats(pid: int) -> tuple[int, int]:
+    """(run_time_ns, run_cnt) summed over the BPF programs process pid holds
+    (needs kernel.bpf_stats_enabled=1)."""
+    t = n = 0
+    for fields in fdinfo(pid):
+        if "run_cnt" in fields and "prog_type" in fields:
+            t += int(fields["run_time_ns"])
+            n += int(fields["run_cnt"])
+    return t, n
+
+
+def map_memory(pid: int) -> int:
+    """Kernel memory (memlock) of the BPF maps process pid holds."""
+    return sum(int(f["memlock"]) for f in fdinfo(pid) if "map_type" in f and "memlock" in f)

@@ -8,6 +8,7 @@ syscall each and report errors with errno.
 
 from __future__ import annotations
 
+import array
 import ctypes as ct
 import errno
 import os
@@ -138,7 +139,7 @@ class StackMap(BpfMap):
         value = self.lookup(ct.c_uint32(stack_id))
         if value is None:
             return None
-        ips = list(value)
+        ips = array.array("Q", bytes(value))  # C speed: no Python int per slot
         return tuple(ips[: ips.index(0)] if 0 in ips else ips)
 
     def clear(self) -> int:

@@ -23,7 +23,7 @@ from .errors import ElfError
 from .ksyms import KernelSymbols
 from .model import KERNEL_MAPPING, Frame, FrameKind, Mapping
 from .perfmap import PerfMap
-from .procmaps import MapEntry, ProcessTable
+from .procmaps import MapEntry, Process, ProcessTable
 
 log = logging.getLogger(__name__)
 
@@ -116,6 +116,9 @@ class Symbolizer:
         self._objects_of: dict[tuple[int, MapEntry], tuple[ObjectKey | None, ElfSymbols | None]] \
             = {}
         self._perf_maps: dict[int, PerfMap] = {}
+        self._frames: dict[int, tuple[Process | None, dict[tuple[int, bool],
+                                                          tuple[Frame, int]]]] = {}
+        self._kframes: dict[tuple[int, bool], Frame] = {}
         self._vdso: ElfSymbols | None = None
         self._vdso_read = False
 
@@ -124,16 +127,42 @@ class Symbolizer:
         after the first are return addresses: looked up one byte earlier so a
         call that ends a function is attributed to its caller correctly."""
         proc = self.processes.get(pid)
+        memo = self._frame_memo(pid, proc)
         frames = []
+        unknown = self.stats.unknown_frames
         for i, ip in enumerate(ips):
             self.stats.frames += 1
+            hit = memo.get((ip, i > 0))
+            if hit is not None:
+                frames.append(hit[0])
+                unknown += hit[1]
+                continue
             entry = proc.find(ip) if proc else None
             if entry is None:
-                self.stats.unknown_frames += 1
+                unknown += 1
                 frames.append(Frame("[unknown]", FrameKind.USER, None, ip))
                 continue
-            frames.append(self._user_frame(pid, entry, ip, ip - 1 if i else ip))
+            before = self.stats.unknown_frames
+            frame = self._user_frame(pid, entry, ip, ip - 1 if i else ip)
+            missed = self.stats.unknown_frames - before
+            self.stats.unknown_frames = before
+            unknown += missed
+            frames.append(frame)
+            if entry.file_backed:  # JIT maps change under the same address
+                memo[(ip, i > 0)] = (frame, missed)
+        self.stats.unknown_frames = unknown
         return frames
+
+    def _frame_memo(self, pid: int, proc: Process | None
+                    ) -> dict[tuple[int, bool], tuple[Frame, int]]:
+        """Frames already built for this process's current maps: stacks share
+        most of their addresses, so each is symbolized once."""
+        held = self._frames.get(pid)
+        if held is None or held[0] is not proc or len(held[1]) > self._memo_size // 4:
+            if len(self._frames) > 4096:
+                self._frames.clear()
+            held = self._frames[pid] = (proc, {})
+        return held[1]
 
     def _object(self, pid: int, entry: MapEntry) -> tuple[ObjectKey | None, ElfSymbols | None]:
         k = (pid, entry)
@@ -228,12 +257,17 @@ class Symbolizer:
 
     def kernel_frames(self, ips: Sequence[int]) -> list[Frame]:
         frames = []
+        memo = self._kframes
+        if len(memo) > self._memo_size:
+            memo.clear()
         for i, ip in enumerate(ips):
             self.stats.frames += 1
-            hit = self.kernel.lookup(ip - 1 if i else ip) if self.kernel else None
-            if hit is None:
+            frame = memo.get((ip, i > 0))
+            if frame is None:
+                hit = self.kernel.lookup(ip - 1 if i else ip) if self.kernel else None
+                name = hit[0] if hit is not None else "[kernel.kallsyms]"
+                frame = memo[(ip, i > 0)] = Frame(name, FrameKind.KERNEL, KERNEL_MAPPING, ip)
+            if frame.name == "[kernel.kallsyms]":
                 self.stats.unknown_frames += 1
-                frames.append(Frame("[kernel.kallsyms]", FrameKind.KERNEL, KERNEL_MAPPING, ip))
-            else:
-                frames.append(Frame(hit[0], FrameKind.KERNEL, KERNEL_MAPPING, ip))
+            frames.append(frame)
         return frames
