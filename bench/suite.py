@@ -88,15 +88,17 @@ def pipe_us(loops: int) -> float:
 def floor_run(fn: str, loops: int) -> tuple[float, float]:
     from bcc import BPF
 
-    from ember.btfprog import BtfTracepoint
+    from ember import bpfsys
+    from ember.btfprog import load_tp_btf
 
     b = BPF(src_file=str(ROOT / "bench/floor.c"))
-    tp = BtfTracepoint(b, fn, "sched_switch")
+    prog = load_tp_btf(b, fn, "sched_switch")
+    link = bpfsys.raw_tracepoint_open(prog)
     try:
-        tp.attach()
-        return measured(loops, lambda: fd_stats(tp.prog_fd))
+        return measured(loops, lambda: bpfsys.prog_stats(prog))
     finally:
-        tp.close()
+        os.close(link)
+        os.close(prog)
         b.cleanup()
 
 
@@ -110,12 +112,6 @@ def measured(loops: int, stats: Callable[[], tuple[int, int]]) -> tuple[float, f
         pipe_us(loops // 4)
         t1, n1 = stats()
     return us, (t1 - t0) / max(1, n1 - n0)
-
-
-def fd_stats(fd: int) -> tuple[int, int]:
-    fields = dict(line.split(":\t", 1) for line in
-                  Path(f"/proc/self/fdinfo/{fd}").read_text().splitlines() if ":\t" in line)
-    return int(fields.get("run_time_ns", 0)), int(fields.get("run_cnt", 0))
 
 
 def ember_run(args: list[str], loops: int) -> tuple[float, float]:
@@ -176,8 +172,10 @@ class Agent:
             [*EMBER, "collector", "--grpc-listen", f"127.0.0.1:{gport}", "--http-listen",
              f"127.0.0.1:{hport}", "--storage", str(state / "profiles.db")],
             stderr=subprocess.DEVNULL)
-        self.proc = subprocess.Popen([*EMBER, "-v", "agent", "--config", str(cfg)],
-                                     stderr=subprocess.PIPE, text=True)
+        # at the priority deploy/systemd/ember-agent.service gives it (Nice=-5):
+        # with hundreds of CPU-bound processes a nice-0 agent falls behind
+        self.proc = subprocess.Popen(["nice", "-n", "-5", *EMBER, "-v", "agent", "--config",
+                                      str(cfg)], stderr=subprocess.PIPE, text=True)
         assert self.proc.stderr is not None
         for line in self.proc.stderr:
             if "agent attached" in line:

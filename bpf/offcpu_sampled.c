@@ -154,7 +154,8 @@ static __always_inline void ember_count_block(void *ctx, struct ember_config *cf
                               EMBER_STAT_USER_STACK_ERROR);
         } else {
             u64 probe;
-            if (bpf_get_stack(ctx, &probe, sizeof(probe), BPF_F_USER_STACK) == -EFAULT) {
+            /* 0 frames: a kernel thread (get_perf_callchain skips PF_KTHREAD) */
+            if (bpf_get_stack(ctx, &probe, sizeof(probe), BPF_F_USER_STACK) <= 0) {
                 key.user_stack_id = -EFAULT; /* a kernel thread: no user stack */
             } else {
                 key.user_stack_id = EMBER_STACK_LATE;

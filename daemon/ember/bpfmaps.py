@@ -1,9 +1,10 @@
-"""Raw access to ember's BPF maps through libbcc's syscall wrappers.
+"""ember's BPF maps, addressed by file descriptor (system calls in bpfsys.py).
 
 bcc's Python table classes are not used for draining: in bcc 0.26 the batch
 lookup passes the same integer as batch token and element count, and
-``StackTrace.clear()`` does nothing. These few functions do exactly one
-syscall each and report errors with errno.
+``StackTrace.clear()`` does nothing; and the daemon does not load bcc at all
+(its programs are compiled in a child process, bpfbuild.py). Each method does
+one system call (batches: one per bucket run) and reports errors with errno.
 """
 
 from __future__ import annotations
@@ -11,27 +12,16 @@ from __future__ import annotations
 import array
 import ctypes as ct
 import errno
-import os
 from collections.abc import Iterator, Sequence
 from typing import Any, TypeVar
 
-from . import abi
+from . import abi, bpfsys
+from .bpfsys import possible_cpus
 from .errors import BpfError
 
 S = TypeVar("S", bound=ct.Structure)
 
-
-def _lib() -> Any:
-    from bcc.libbcc import lib  # the BPF edge: imported only where bcc is present
-
-    return lib
-
-
-def possible_cpus() -> int:
-    """Number of possible CPUs, the stride of per-CPU map values."""
-    from bcc.utils import get_possible_cpus
-
-    return len(get_possible_cpus())
+__all__ = ["BpfMap", "PerCpuArray", "StackMap", "possible_cpus"]
 
 
 class BpfMap:
@@ -44,41 +34,45 @@ class BpfMap:
         self.value_type = value_type
         self.max_entries = max_entries
 
-    def _fail(self, what: str) -> BpfError:
-        err = ct.get_errno()
-        return BpfError(f"{what} on map {self.name}: {os.strerror(err)} (errno {err})")
+    def _fail(self, what: str, exc: OSError) -> BpfError:
+        return BpfError(f"{what} on map {self.name}: {exc.strerror} (errno {exc.errno})")
 
     def lookup(self, key: Any) -> Any | None:
         value = self.value_type()
-        if _lib().bpf_lookup_elem(self.fd, ct.byref(key), ct.byref(value)) != 0:
-            if ct.get_errno() == errno.ENOENT:
+        try:
+            bpfsys.map_lookup(self.fd, key, value)
+        except OSError as exc:
+            if exc.errno == errno.ENOENT:
                 return None
-            raise self._fail("lookup")
+            raise self._fail("lookup", exc) from None
         return value
 
     def update(self, key: Any, value: Any) -> None:
-        if _lib().bpf_update_elem(self.fd, ct.byref(key), ct.byref(value), 0) != 0:
-            raise self._fail("update")
+        try:
+            bpfsys.map_update(self.fd, key, value)
+        except OSError as exc:
+            raise self._fail("update", exc) from None
 
     def delete(self, key: Any) -> bool:
-        if _lib().bpf_delete_elem(self.fd, ct.byref(key)) != 0:
-            if ct.get_errno() == errno.ENOENT:
+        try:
+            bpfsys.map_delete(self.fd, key)
+        except OSError as exc:
+            if exc.errno == errno.ENOENT:
                 return False
-            raise self._fail("delete")
+            raise self._fail("delete", exc) from None
         return True
 
     def keys(self) -> Iterator[Any]:
         """Iterate keys with get_next_key (for maps without batch support)."""
-        lib = _lib()
         key = self.key_type()
         prev: Any = None
         while True:
-            rc = lib.bpf_get_next_key(self.fd, ct.byref(prev) if prev is not None else None,
-                                      ct.byref(key))
-            if rc != 0:
-                if ct.get_errno() == errno.ENOENT:
+            try:
+                bpfsys.map_next_key(self.fd, prev, key)
+            except OSError as exc:
+                if exc.errno == errno.ENOENT:
                     return
-                raise self._fail("get_next_key")
+                raise self._fail("get_next_key", exc) from None
             yield key
             prev, key = key, self.key_type()
 
@@ -88,30 +82,24 @@ class BpfMap:
         The kernel copies each bucket under its lock, so an element that stays
         in the map during the whole call is returned exactly once.
         """
-        lib = _lib()
         n = self.max_entries
         keys = (self.key_type * n)()
         values = (self.value_type * n)()
         token = ct.c_uint32(0)
         out_token = ct.c_uint32(0)
+        ksize, vsize = ct.sizeof(self.key_type), ct.sizeof(self.value_type)
         total = 0
         first = True
         while total < n:
-            count = ct.c_uint32(n - total)
-            rc = lib.bpf_lookup_batch(
-                self.fd,
-                None if first else ct.byref(token),
-                ct.byref(out_token),
-                ct.byref(keys, ct.sizeof(self.key_type) * total),
-                ct.byref(values, ct.sizeof(self.value_type) * total),
-                ct.byref(count),
-            )
-            err = ct.get_errno()
-            total += count.value
+            rc, count = bpfsys.map_lookup_batch(
+                self.fd, None if first else token, out_token,
+                ct.addressof(keys) + ksize * total, ct.addressof(values) + vsize * total,
+                n - total)
+            total += count
             if rc != 0:
-                if err == errno.ENOENT:  # walked past the last bucket
+                if rc == -errno.ENOENT:  # walked past the last bucket
                     break
-                raise BpfError(f"lookup_batch on map {self.name}: {os.strerror(err)}")
+                raise BpfError(f"lookup_batch on map {self.name}: {errno.errorcode[-rc]}")
             token.value = out_token.value
             first = False
         return [(keys[i], values[i]) for i in range(total)]
@@ -120,13 +108,12 @@ class BpfMap:
         """Delete the given keys; returns how many were deleted."""
         if not keys:
             return 0
-        lib = _lib()
         arr = (self.key_type * len(keys))(*keys)
-        count = ct.c_uint32(len(keys))
-        if lib.bpf_delete_batch(self.fd, ct.byref(arr), ct.byref(count)) != 0:
+        rc, count = bpfsys.map_delete_batch(self.fd, ct.addressof(arr), len(keys))
+        if rc != 0:
             # A key that vanished stops the batch: fall back to one by one.
-            return int(count.value) + sum(self.delete(k) for k in keys[count.value:])
-        return int(count.value)
+            return count + sum(self.delete(k) for k in keys[count:])
+        return count
 
 
 class StackMap(BpfMap):

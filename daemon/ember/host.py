@@ -68,12 +68,15 @@ def check_tracefs() -> None:
 
 
 def check_bcc() -> None:
-    try:
-        import bcc  # noqa: F401
-    except ImportError as exc:
+    """bcc is importable (found, not imported: only the build child loads it)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("bcc")
+    if spec is None or not spec.origin or not os.path.exists(
+            os.path.join(os.path.dirname(spec.origin), "libbcc.py")):
         raise BccMissingError(
-            f"cannot import bcc ({exc}): install Debian's python3-bpfcc and use the venv made "
-            "by deploy/host-setup.sh (the PyPI package named bcc is unrelated)") from exc
+            "cannot import bcc: install Debian's python3-bpfcc and use the venv made "
+            "by deploy/host-setup.sh (the PyPI package named bcc is unrelated)")
 
 
 def preflight(tracepoints: bool) -> None:

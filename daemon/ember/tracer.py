@@ -1,6 +1,6 @@
-"""The BPF edge: compile ember's programs with bcc, attach them, and expose
-their maps to the drainer. Everything bcc-specific lives here and in
-bpfmaps.py; the rest of ember is plain Python.
+"""The BPF edge: ember's programs, built by bpfbuild.py (bcc, in a child
+process), attached here through plain system calls (bpfsys.py), their maps
+exposed to the drainer (bpfmaps.py). The rest of ember is plain Python.
 """
 
 from __future__ import annotations
@@ -8,118 +8,43 @@ from __future__ import annotations
 import ctypes as ct
 import logging
 import os
-import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from . import abi
+from . import abi, bpfsys
+from .bpfbuild import (
+    ProgramSpec,
+    build,
+    flatten_source,
+    offcpu_sampled_spec,
+    offcpu_spec,
+    oncpu_spec,
+)
+
+__all__ = ["Program", "ProgramSpec", "flatten_source", "offcpu_sampled_spec", "offcpu_spec",
+           "oncpu_spec", "self_tgid"]
 from .bpfmaps import BpfMap, PerCpuArray, StackMap
-from .btfprog import BtfTracepoint
 from .errors import BpfError
 
 log = logging.getLogger(__name__)
 
-# bcc's clang warns about the Debian kernel headers themselves; those are not
-# ours to fix, and ember's own code is compiled with -Wall on top.
-HEADER_NOISE = ("-Wno-duplicate-decl-specifier", "-Wno-ignored-attributes",
-                "-Wno-address-of-packed-member", "-Wno-unknown-warning-option")
-
-
-def bpf_source_dir() -> Path:
-    """ember/bpf in an installed package (package data), bpf/ in a checkout."""
-    here = Path(__file__).resolve().parent
-    for candidate in (here / "bpf", here.parents[1] / "bpf"):
-        if (candidate / "ember.h").is_file():
-            return candidate
-    raise BpfError(f"BPF sources not found next to {here}")
-
-
-_LOCAL_INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$')
-
-
-def flatten_source(name: str, directory: Path | None = None) -> str:
-    """The program's text with ember's own ``#include "x.h"`` lines inlined.
-
-    bcc rewrites map operations (``m.lookup(...)``) only in the main file; in
-    an included header they compile to indirect calls the verifier rejects. So
-    the loader inlines local headers, with ``#line`` markers so compiler
-    messages still name the right file and line. System includes (<...>) are
-    left to bcc. Each header is inlined once (include guards would drop
-    repeats anyway).
-    """
-    directory = directory or bpf_source_dir()
-    seen: set[str] = set()
-
-    def expand(fname: str) -> list[str]:
-        path = directory / fname
-        if not path.is_file():
-            raise BpfError(f"BPF source {path} not found")
-        seen.add(fname)
-        out = [f'#line 1 "{fname}"']
-        for lineno, line in enumerate(path.read_text().splitlines(), start=1):
-            m = _LOCAL_INCLUDE.match(line)
-            if not m:
-                out.append(line)
-                continue
-            if m.group(1) not in seen:
-                out.extend(expand(m.group(1)))
-            out.append(f'#line {lineno + 1} "{fname}"')
-        return out
-
-    return "\n".join(expand(name)) + "\n"
-
-
-@dataclass(frozen=True)
-class ProgramSpec:
-    source: str                     # file in bpf/
-    defines: dict[str, int] = field(default_factory=dict)
-
-    def cflags(self, strict: bool = False) -> list[str]:
-        flags = [f"-I{bpf_source_dir()}", *HEADER_NOISE]
-        if strict:
-            flags += ["-Wall", "-Werror"]
-        flags += [f"-D{k}={v}" for k, v in sorted(self.defines.items())]
-        return flags
-
-
-def oncpu_spec(stack_entries: int = 16384, count_entries: int = 16384) -> ProgramSpec:
-    return ProgramSpec("oncpu.c", {"EMBER_STACK_ENTRIES": stack_entries,
-                                   "EMBER_COUNT_ENTRIES": count_entries,
-                                   "EMBER_STACK_GENERATIONS": 2})
-
-
-def offcpu_spec(stack_entries: int = 8192, count_entries: int = 16384,
-                thread_entries: int = 32768) -> ProgramSpec:
-    return ProgramSpec("offcpu.c", {"EMBER_STACK_ENTRIES": stack_entries,
-                                    "EMBER_COUNT_ENTRIES": count_entries,
-                                    "EMBER_THREAD_ENTRIES": thread_entries,
-                                    "EMBER_STACK_GENERATIONS": 3})
-
-
-def offcpu_sampled_spec(stack_entries: int = 8192, count_entries: int = 16384) -> ProgramSpec:
-    """Duration-weighted off-CPU sampling (bpf/offcpu_sampled.c)."""
-    return ProgramSpec("offcpu_sampled.c", {"EMBER_STACK_ENTRIES": stack_entries,
-                                            "EMBER_COUNT_ENTRIES": count_entries,
-                                            "EMBER_STACK_GENERATIONS": 3})
-
-
 class Program:
-    """One compiled BPF object (bcc module) with ember's maps.
+    """One built BPF object with ember's maps.
 
     Implements drain.DrainMaps."""
 
     def __init__(self, spec: ProgramSpec, strict: bool = False):
-        from bcc import BPF
-
         self.spec = spec
         self.generations = spec.defines.get("EMBER_STACK_GENERATIONS", 2)
-        text = flatten_source(spec.source)
+        self.built = build(spec, strict)
+        self._attach_fds: list[int] = []
         try:
-            self.bpf: Any = BPF(text=text.encode(), cflags=spec.cflags(strict))
-        except Exception as exc:  # bcc raises bare Exception
-            raise BpfError(f"compiling {spec.source} failed: {exc}") from exc
+            self._open_maps()
+        except BpfError:
+            self.built.close()
+            raise
+
+    def _open_maps(self) -> None:
         self.config_map = self._map("ember_config", abi.Config)
         self.targets_map = self._map("ember_targets", ct.c_uint8, key=ct.c_uint32)
         self.cgroups_map = self._map("ember_cgroups", ct.c_uint8, key=ct.c_uint64)
@@ -129,34 +54,36 @@ class Program:
                                     self._max("ember_stacks_0"))
                            for i in range(self.generations)]
         self.pids_map = self._map("ember_pids", ct.c_uint64, key=ct.c_uint32)
-        self.sampled = spec.source == "offcpu_sampled.c"
+        self.sampled = self.spec.source == "offcpu_sampled.c"
         # kernel stacks of sleeping threads (ids with TASK_STACK_BIT)
         self.task_stack_maps = [StackMap(f"ember_tstacks_{i}", self._fd(f"ember_tstacks_{i}"),
                                          self._max("ember_tstacks_0"))
                                 for i in range(self.generations)] if self.sampled else []
-        self._btf: list[BtfTracepoint] = []
-        offcpu = spec.source == "offcpu.c"
+        offcpu = self.spec.source == "offcpu.c"
         self.starts_map = self._map("ember_starts", abi.Start, key=ct.c_uint32) if offcpu else None
         self.wakes_map = self._map("ember_wakes", abi.Wake, key=ct.c_uint32) if offcpu else None
         self.runq_hist_map = (self._map("ember_runq_hist", ct.c_uint64, key=abi.HistKey)
                               if offcpu else None)
-        self._attached = False
 
     # -- map plumbing --
-    def _table(self, name: str) -> Any:
+    def _entry(self, name: str) -> tuple[int, int]:
         try:
-            return self.bpf.get_table(name.encode())
-        except KeyError as exc:
-            raise BpfError(f"map {name} missing from {self.spec.source}") from exc
+            return self.built.maps[name]
+        except KeyError:
+            raise BpfError(f"map {name} missing from {self.spec.source}") from None
 
     def _fd(self, name: str) -> int:
-        return int(self._table(name).map_fd)
+        return self._entry(name)[0]
 
     def _max(self, name: str) -> int:
-        return int(self._table(name).max_entries)
+        return self._entry(name)[1]
 
     def _map(self, name: str, value: Any, key: Any = ct.c_uint32) -> BpfMap:
         return BpfMap(name, self._fd(name), key, value, self._max(name))
+
+    def map_memory(self) -> dict[str, int]:
+        """Kernel memory of each map, from the kernel's own accounting."""
+        return {name: bpfsys.map_memory(fd) for name, (fd, _) in self.built.maps.items()}
 
     # -- configuration --
     def configure(self, cfg: abi.Config) -> None:
@@ -174,54 +101,61 @@ class Program:
         _sync_set(self.cgroups_map, set(cgroup_ids), ct.c_uint64)
 
     # -- attach --
-    def attach_cpu_clock(self, frequency: int) -> None:
-        from bcc import PerfSWConfig, PerfType
-
+    def _prog(self, fn: str, kind: str) -> int:
         try:
-            self.bpf.attach_perf_event(ev_type=PerfType.SOFTWARE, ev_config=PerfSWConfig.CPU_CLOCK,
-                                       fn_name=b"ember_on_cpu", sample_freq=frequency)
-        except Exception as exc:
-            raise BpfError(f"attaching the cpu-clock perf event failed: {exc}") from exc
-        self._attached = True
+            return self.built.progs[f"{fn}@{kind}"]
+        except KeyError:
+            raise BpfError(f"{fn} ({kind}) not in {self.spec.source}") from None
+
+    def attach_cpu_clock(self, frequency: int) -> None:
+        """A cpu-clock perf event per online CPU, sampling at frequency Hz."""
+        prog = self._prog("ember_on_cpu", "perf_event")
+        try:
+            for cpu in bpfsys.online_cpus():
+                fd = bpfsys.perf_event_open(bpfsys.PERF_TYPE_SOFTWARE,
+                                            bpfsys.PERF_COUNT_SW_CPU_CLOCK, cpu, freq=frequency)
+                self._attach_fds.append(fd)
+                bpfsys.perf_attach_bpf(fd, prog)
+        except OSError as exc:
+            self.detach()
+            raise BpfError(f"attaching the cpu-clock perf event failed: {exc}") from None
 
     def attach_sched_switch(self) -> None:
         """sched_switch, and sched_waking (to split blocked from queued time)."""
-        for tp, fn in ((b"sched:sched_waking", b"ember_sched_waking"),
-                       (b"sched:sched_switch", b"ember_sched_switch")):
+        for tp, fn in (("sched_waking", "ember_sched_waking"),
+                       ("sched_switch", "ember_sched_switch")):
             try:
-                self.bpf.attach_tracepoint(tp=tp, fn_name=fn)
-            except Exception as exc:
-                raise BpfError(f"attaching {tp.decode()} failed: {exc}") from exc
-        self._attached = True
+                fd = bpfsys.perf_event_open(bpfsys.PERF_TYPE_TRACEPOINT,
+                                            bpfsys.tracepoint_id("sched", tp), 0, period=1)
+                self._attach_fds.append(fd)
+                bpfsys.perf_attach_bpf(fd, self._prog(fn, "tracepoint"))
+            except OSError as exc:
+                self.detach()
+                raise BpfError(f"attaching sched:{tp} failed: {exc}") from None
 
     def attach_sampled_offcpu(self, sys_exit: bool = False) -> None:
         """sched_switch, rseq_update and optionally sys_exit, as BTF
-        tracepoints (offcpu_sampled.c)."""
-        if not self._btf:
-            hooks = ["rseq_update"] + (["sys_exit"] if sys_exit else [])
-            self._btf = [BtfTracepoint(self.bpf, "ember_sampled_resume", tp) for tp in hooks]
-            self._btf.append(BtfTracepoint(self.bpf, "ember_sampled_switch", "sched_switch"))
-        for tp in self._btf:  # resume hooks first: a chosen block is never left waiting
-            tp.attach()
-        self._attached = True
+        tracepoints (offcpu_sampled.c). The resume hooks go first: a block
+        chosen at switch-in is never left without one."""
+        hooks = ["rseq_update"] + (["sys_exit"] if sys_exit else [])
+        links = [("ember_sampled_resume", f"tp_btf/{tp}") for tp in hooks]
+        links.append(("ember_sampled_switch", "tp_btf/sched_switch"))
+        for fn, kind in links:
+            try:
+                self._attach_fds.append(bpfsys.raw_tracepoint_open(self._prog(fn, kind)))
+            except OSError as exc:
+                self.detach()
+                raise BpfError(f"attaching {kind} failed: {exc}") from None
 
     def detach(self) -> None:
-        """Stop the programs; the maps stay readable until close()."""
-        if not self._attached:
-            return
-        for tp in reversed(self._btf):
-            tp.detach()
-        for (ev_type, ev_config) in list(self.bpf.open_perf_events):
-            self.bpf.detach_perf_event(ev_type=ev_type, ev_config=ev_config)
-        for tp in list(self.bpf.tracepoint_fds):
-            self.bpf.detach_tracepoint(tp)
-        self._attached = False
+        """Stop the programs (close their events and links, newest first);
+        the maps stay readable until close()."""
+        while self._attach_fds:
+            os.close(self._attach_fds.pop())
 
     def close(self) -> None:
         self.detach()
-        for tp in self._btf:
-            tp.close()
-        self.bpf.cleanup()
+        self.built.close()
 
     # -- drain.DrainMaps --
     def write_epoch(self, epoch: int) -> None:
@@ -282,18 +216,10 @@ class Program:
         """(run_time_ns, run_cnt) of this object's programs, from the kernel's
         BPF statistics (zero unless kernel.bpf_stats_enabled=1)."""
         t = n = 0
-        fds = [fn.fd for fn in self.bpf.funcs.values()] + [tp.prog_fd for tp in self._btf]
-        for fd in fds:
-            try:
-                text = Path(f"/proc/self/fdinfo/{fd}").read_text()
-            except OSError:
-                continue
-            for line in text.splitlines():
-                key, _, value = line.partition(":")
-                if key == "run_time_ns":
-                    t += int(value)
-                elif key == "run_cnt":
-                    n += int(value)
+        for fd in self.built.progs.values():
+            dt, dn = bpfsys.prog_stats(fd)
+            t += dt
+            n += dn
         return t, n
 
 
