@@ -185,9 +185,9 @@ class Agent:
         threading.Thread(target=self.proc.stderr.read, daemon=True).start()
 
     def close(self) -> None:
+        """The agent first (it flushes its last profiles), then the collector."""
         for p in (self.proc, self.collector):
             p.send_signal(signal.SIGTERM)
-        for p in (self.proc, self.collector):
             p.wait(timeout=60)
 
 
@@ -251,9 +251,9 @@ def memory(procs: int, depth: int, seconds: float) -> Table:
                     rss = status_kb(agent.proc.pid, "VmRSS") / 1024
                     hwm = status_kb(agent.proc.pid, "VmHWM") / 1024
                     maps = map_memory(agent.proc.pid) / (1 << 20)
-                    stacks = distinct_stacks(agent)
                 finally:
                     agent.close()
+                stacks = distinct_stacks(agent)
         finally:
             for w in work:
                 w.kill()

@@ -44,9 +44,14 @@ struct ember_stack {
 
 BPF_TASK_STORAGE(ember_blocks, struct ember_block);
 BPF_PERCPU_ARRAY(ember_scratch, struct ember_stack, 1);
-BPF_HASH(ember_tstacks_0, u32, struct ember_stack, EMBER_STACK_ENTRIES);
-BPF_HASH(ember_tstacks_1, u32, struct ember_stack, EMBER_STACK_ENTRIES);
-BPF_HASH(ember_tstacks_2, u32, struct ember_stack, EMBER_STACK_ENTRIES);
+/* Allocated on demand (only chosen blocks store a kernel stack here), so
+ * their memory follows use, not EMBER_STACK_ENTRIES. */
+BPF_F_TABLE("hash", u32, struct ember_stack, ember_tstacks_0, EMBER_STACK_ENTRIES,
+            BPF_F_NO_PREALLOC);
+BPF_F_TABLE("hash", u32, struct ember_stack, ember_tstacks_1, EMBER_STACK_ENTRIES,
+            BPF_F_NO_PREALLOC);
+BPF_F_TABLE("hash", u32, struct ember_stack, ember_tstacks_2, EMBER_STACK_ENTRIES,
+            BPF_F_NO_PREALLOC);
 
 static __always_inline u32 ember_raw_state(bool preempt, u32 raw)
 {

@@ -29,6 +29,7 @@ from .drain import Drainer
 from .errors import ConfigError, EmberError, SymbolizationError
 from .httpserve import Reply, serve
 from .ksyms import KernelSymbols
+from .memory import SYMBOL_CACHE_SHARE, MemoryGovernor, ShrinkReport, map_entries
 from .metrics import AgentMetrics, BpfStatsCollector
 from .model import OFFCPU_TYPE, OFFWAKE_TYPE, RUNQ_TYPE, WAKEUP_TYPE, ProfileType, cpu_type
 from .procmaps import ProcessTable, ProcFS
@@ -43,7 +44,7 @@ from .series import (
 )
 from .shipper import Endpoint, Shipper, profiles_in
 from .spool import Spool
-from .symbolize import Symbolizer
+from .symbolize import ObjectCache, Symbolizer
 from .targets import TargetResolver
 from .tracer import Program, offcpu_sampled_spec, offcpu_spec, oncpu_spec, self_tgid
 
@@ -96,9 +97,14 @@ class Agent:
         self.config_path = config_path
         self.registry = registry or CollectorRegistry()
         self.metrics = AgentMetrics(self.registry)
+        self.metrics.memory_limit.set(cfg.memory_limit)
         self.state = AgentState()
         self.pipelines: list[Pipeline] = []
-        self.symbolizer = Symbolizer(ProcessTable(procfs or ProcFS()))
+        self.symbolizer = Symbolizer(ProcessTable(procfs or ProcFS()), objects=ObjectCache(
+            max_bytes=int(cfg.memory_limit * SYMBOL_CACHE_SHARE)))
+        self.governor = MemoryGovernor(
+            cfg.memory_limit, [self.symbolizer.objects, self.symbolizer.memos(),
+                               self.symbolizer.processes], self._shrunk)
         self.host = os.uname().nodename
         self._meta: dict[int, tuple[int, ProcessLabels]] = {}
         self._window_start_ns = time.time_ns()
@@ -153,8 +159,10 @@ class Agent:
             except SymbolizationError as exc:
                 log.warning("%s", exc)
         self._serve_http()
+        entries = map_entries(c.bpf_map_memory, [kind for kind, _ in plan])
         for kind, types in plan:
-            prog = Program(SPECS[kind]())
+            stacks, counts = entries[kind]
+            prog = Program(SPECS[kind](stack_entries=stacks, count_entries=counts))
             self.pipelines.append(Pipeline(kind, prog, Drainer(prog),
                                            [(t, SampleBuilder(self.symbolizer, t))
                                             for t in types]))
@@ -268,7 +276,14 @@ class Agent:
         self.metrics.spool_bytes.set(size)
         self.metrics.last_drain.set(time.time())
         self._prune_meta()
+        self.governor.check()
+        for cache in self.governor.caches:
+            self.metrics.cache_bytes.labels(cache.name).set(cache.size_bytes())
         return len(series)
+
+    def _shrunk(self, report: ShrinkReport) -> None:
+        self.metrics.memory_shrinks.labels(report.cache).inc()
+        self.metrics.memory_released.labels(report.cache).inc(report.released)
 
     def _labels(self, pid: int, thread_name: str) -> ProcessLabels:
         proc = self.symbolizer.processes.get(pid)

@@ -123,6 +123,15 @@ class AgentConfig:
         "programs that do not register rseq (Go, musl, glibc before 2.35), whose user "
         "stacks are otherwise lost (counted as user_late); costs about 0.1 us per system "
         "call on the whole host.", "bool"))
+    memory_limit: int = field(default=150 << 20, metadata=_opt(
+        "The agent's memory ceiling (RSS). The symbol table cache gets a third of it; "
+        "past 85% the caches shrink, counted in ember_memory_shrinks_total and "
+        "ember_memory_released_bytes_total. Give systemd's MemoryMax or the container "
+        "limit some headroom above it.", "size", 48 << 20))
+    bpf_map_memory: int = field(default=64 << 20, metadata=_opt(
+        "Kernel memory for ember's BPF maps, shared by the enabled profile types; the "
+        "stack and counts map sizes are derived from it (ember_bpf_map_memory_bytes "
+        "reports what the kernel charged).", "size", 8 << 20, 4 << 30))
     targets: Targets = field(default_factory=Targets, metadata=_opt(
         "What to profile; empty means the whole host. A process matching any rule is "
         "profiled. Filtering happens in the kernel.", "section"))

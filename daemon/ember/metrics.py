@@ -13,7 +13,12 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
-from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
@@ -88,6 +93,16 @@ class AgentMetrics:
         self.map_fill = Gauge("ember_bpf_map_fill_ratio",
                               "Entries over capacity at the last drain", ["type", "map"],
                               registry=r)
+        self.memory_limit = Gauge("ember_memory_limit_bytes",
+                                  "The RSS ceiling (memory_limit)", registry=r)
+        self.memory_shrinks = Counter("ember_memory_shrinks_total",
+                                      "Times a cache was shrunk to stay under memory_limit",
+                                      ["cache"], registry=r)
+        self.memory_released = Counter("ember_memory_released_bytes_total",
+                                       "Cache bytes given up to stay under memory_limit",
+                                       ["cache"], registry=r)
+        self.cache_bytes = Gauge("ember_cache_bytes", "Approximate size of each cache",
+                                 ["cache"], registry=r)
         self.errors = Counter("ember_errors_total", "Errors by kind", ["reason"], registry=r)
         for err in ALL_ERRORS:
             self.errors.labels(err.label)
@@ -121,6 +136,9 @@ class BpfStatsCollector(Collector):
         run_s = CounterMetricFamily("ember_bpf_program_run_seconds_total",
                                     "Time the kernel spent running ember's programs "
                                     "(needs kernel.bpf_stats_enabled=1)", labels=["type"])
+        map_bytes = GaugeMetricFamily("ember_bpf_map_memory_bytes",
+                                      "Kernel memory of each BPF map (fdinfo memlock)",
+                                      labels=["type", "map"])
         runs = CounterMetricFamily("ember_bpf_program_runs_total",
                                    "Runs of ember's programs (needs kernel.bpf_stats_enabled=1)",
                                    labels=["type"])
@@ -140,7 +158,9 @@ class BpfStatsCollector(Collector):
             t, n = prog.run_stats()
             run_s.add_metric([kind], t / 1e9)
             runs.add_metric([kind], n)
-        yield from (events, dropped, lost, blocks, run_s, runs)
+            for name, size in prog.map_memory().items():
+                map_bytes.add_metric([kind, name], size)
+        yield from (events, dropped, lost, blocks, run_s, runs, map_bytes)
         yield self._runq_histogram()
 
     def _runq_histogram(self) -> Metric:

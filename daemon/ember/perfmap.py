@@ -66,6 +66,9 @@ class PerfMap:
         self._size = size
         self._starts, self._ends, self._names = parse_perf_map(text)
 
+    def memory_size(self) -> int:
+        return 100 * len(self._starts) + sum(len(n) for n in self._names)
+
     def lookup(self, address: int) -> str | None:
         self._refresh()
         i = bisect.bisect_right(self._starts, address) - 1

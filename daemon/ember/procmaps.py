@@ -162,6 +162,22 @@ class ProcessTable:
             if self._round - seen > self.keep_rounds:
                 del self._table[pid]
 
+    # memory.Shrinkable
+    name = "process_maps"
+    _MAP_BYTES = 250  # a MapEntry with its path string, roughly
+
+    def size_bytes(self) -> int:
+        return sum(self._MAP_BYTES * len(p.maps) for p, _ in self._table.values())
+
+    def shrink(self, fraction: float) -> int:
+        """Forget the processes not refreshed for the longest (they are read
+        again if they show up in a later drain)."""
+        before = self.size_bytes()
+        by_age = sorted(self._table, key=lambda pid: self._table[pid][1])
+        for pid in by_age[:int(len(by_age) * fraction)]:
+            del self._table[pid]
+        return before - self.size_bytes()
+
     def get(self, pid: int) -> Process | None:
         if pid not in self._table:
             self.refresh([pid])

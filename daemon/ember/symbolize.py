@@ -92,12 +92,30 @@ class ObjectCache:
             obj.adopt_symbols(syms)
             self.stats.debug_files += 1
 
-    def _insert(self, key: ObjectKey, obj: ElfSymbols | None) -> None:
-        self._lru[key] = obj
-        self._bytes += obj.memory_size() if obj else 64
+    # memory.Shrinkable
+    name = "symbol_tables"
+
+    def size_bytes(self) -> int:
+        return self._bytes
+
+    def shrink(self, fraction: float) -> int:
+        """Evict the least recently used tables down to (1 - fraction) of the
+        current size, and keep the limit there: a cache that refilled at once
+        would only thrash."""
+        before = self._bytes
+        self.max_bytes = max(1 << 20, int(before * (1 - fraction)))
+        self._evict()
+        return before - self._bytes
+
+    def _evict(self) -> None:
         while self._bytes > self.max_bytes and len(self._lru) > 1:
             _, old = self._lru.popitem(last=False)
             self._bytes -= old.memory_size() if old else 64
+
+    def _insert(self, key: ObjectKey, obj: ElfSymbols | None) -> None:
+        self._lru[key] = obj
+        self._bytes += obj.memory_size() if obj else 64
+        self._evict()
 
     def __len__(self) -> int:
         return len(self._lru)
@@ -121,6 +139,9 @@ class Symbolizer:
         self._kframes: dict[tuple[int, bool], Frame] = {}
         self._vdso: ElfSymbols | None = None
         self._vdso_read = False
+
+    def memos(self) -> MemoCaches:
+        return MemoCaches(self)
 
     def user_frames(self, pid: int, ips: Sequence[int]) -> list[Frame]:
         """Frames for a user stack, in the order given (leaf first). Addresses
@@ -271,3 +292,31 @@ class Symbolizer:
                 self.stats.unknown_frames += 1
             frames.append(frame)
         return frames
+
+
+class MemoCaches:
+    """The symbolizer's memos (frames, symbol lookups, objects of mappings,
+    perf maps) as one memory.Shrinkable: they are rebuilt from the symbol
+    tables on demand, so shrinking clears them."""
+
+    name = "symbol_memos"
+    _ENTRY_BYTES = 200  # a dict slot, a tuple key and a shared Frame, roughly
+
+    def __init__(self, symbolizer: Symbolizer):
+        self.s = symbolizer
+
+    def size_bytes(self) -> int:
+        s = self.s
+        frames = sum(len(memo) for _, memo in s._frames.values()) + len(s._kframes)
+        return self._ENTRY_BYTES * (frames + len(s._memo) + len(s._objects_of)) + sum(
+            pm.memory_size() for pm in s._perf_maps.values())
+
+    def shrink(self, fraction: float) -> int:
+        before = self.size_bytes()
+        s = self.s
+        s._frames.clear()
+        s._kframes.clear()
+        s._memo.clear()
+        s._objects_of.clear()
+        s._perf_maps.clear()
+        return before

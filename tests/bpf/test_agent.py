@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from prometheus_client import generate_latest
 
 from ember import config
 from ember.agent import Agent
@@ -269,3 +270,28 @@ def test_sighup_moves_to_another_collector(start_workload, tmp_path: Path) -> No
             agent.kill()
         a.close()
         b.close()
+
+
+def test_memory_ceiling_shrinks_caches_and_keeps_naming(start_workload, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """A ceiling below what the agent needs: every drain shrinks the caches
+    (counted per cache), and profiles still come out fully named, the
+    symbol tables re-read as needed."""
+    w = start_workload("cpu_shares")
+    port = free_port()
+    c = collector_at(tmp_path, port)
+    try:
+        with running_agent(agent_cfg(tmp_path, port, w.pid, memory_limit=48 << 20,
+                                     bpf_map_memory=8 << 20)) as agent:
+            time.sleep(4)
+            text = generate_latest(agent.registry).decode()
+        shrinks = {line.split("{")[1].split("}")[0]: float(line.split()[-1])
+                   for line in text.splitlines() if line.startswith("ember_memory_shrinks_total{")}
+        assert shrinks.get('cache="symbol_tables"', 0) >= 2, shrinks
+        assert "ember_memory_limit_bytes 5.0331648e+07" in text
+        assert 'ember_bpf_map_memory_bytes{map="ember_counts",type="cpu"}' in text
+        samples = [s for _, _, ss in stored_samples(c, "ember_cpu:cpu:nanoseconds:cpu:nanoseconds")
+                   for s in ss]  # type: ignore[attr-defined]
+        shares = inclusive(samples, ["work_a", "work_b", "work_c"], 0)
+        assert abs(shares["work_a"] - 35) <= 3, shares
+    finally:
+        c.close()
