@@ -11,6 +11,7 @@ from ember.series import (
     cgroup_of,
     container_id,
     make_series,
+    series_labels,
 )
 from encode.sample_profiles import cpu_profile
 
@@ -36,7 +37,8 @@ def test_cgroup_of(tmp_path: Path) -> None:
 def test_series_labels_id_and_executable_info() -> None:
     prof = cpu_profile()
     meta = ProcessLabels(pid=10, comm="app", executable="/usr/bin/app", build_id="abcd")
-    s, pid = make_series(prof.type, prof.samples, meta, 1, 2, {"host": "h"})
+    s, pid = make_series(prof.type, prof.samples, series_labels(prof.type, meta, {"host": "h"}),
+                         1, 2)
     labels = {lb.name: lb.value for lb in s.labels.labels}
     assert labels == {"__name__": "ember_cpu", "host": "h", "pid": "10", "comm": "app",
                       "executable": "/usr/bin/app", "build_id": "abcd"}
@@ -45,13 +47,14 @@ def test_series_labels_id_and_executable_info() -> None:
     assert f"{PROFILE_ID_PREFIX}{pid}" in [p.string_table[c] for c in p.comment]
     assert len(sample.executable_info) == len(p.mapping)
     assert (p.time_nanos, p.duration_nanos) == (1, 2)
-    _, pid2 = make_series(prof.type, prof.samples, meta, 1, 2, {})
+    _, pid2 = make_series(prof.type, prof.samples, series_labels(prof.type, meta, {}), 1, 2)
     assert pid2 != pid
 
 
 def test_batches_respect_size() -> None:
     prof = cpu_profile()
-    series = [make_series(prof.type, prof.samples, ProcessLabels(pid=i), 1, 2, {})[0]
+    series = [make_series(prof.type, prof.samples,
+                          series_labels(prof.type, ProcessLabels(pid=i), {}), 1, 2)[0]
               for i in range(10)]
     # sizes differ by a few bytes (each profile id compresses differently):
     # check the packing itself, not a fixed split

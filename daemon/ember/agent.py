@@ -23,26 +23,37 @@ from pathlib import Path
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from . import abi, config, host
+from . import abi, config, host, sdnotify
 from .builder import MODE_OF, SampleBuilder
 from .drain import Drainer
-from .errors import ConfigError, EmberError, SymbolizationError
+from .encode.otlp import ProcessProfile, to_otlp
+from .errors import ConfigError, EmberError, KubernetesError, SymbolizationError
 from .httpserve import Reply, serve
 from .ksyms import KernelSymbols
+from .kube import ContainerRef, pod_watcher, read_container
 from .memory import SYMBOL_CACHE_SHARE, MemoryGovernor, ShrinkReport, map_entries
 from .metrics import AgentMetrics, BpfStatsCollector
-from .model import OFFCPU_TYPE, OFFWAKE_TYPE, RUNQ_TYPE, WAKEUP_TYPE, ProfileType, cpu_type
+from .model import (
+    OFFCPU_TYPE,
+    OFFWAKE_TYPE,
+    RUNQ_TYPE,
+    WAKEUP_TYPE,
+    ProfileType,
+    cpu_type,
+    merge_samples,
+)
 from .procmaps import ProcessTable, ProcFS
+from .relabel import relabel
 from .series import (
     ProcessLabels,
     batch_requests,
     cgroup_of,
-    container_id,
     make_series,
     read_comm,
+    series_labels,
     split_by_process,
 )
-from .shipper import Endpoint, Shipper, profiles_in
+from .shipper import OTLP, Endpoint, Shipper, otlp_profiles_in, profiles_in
 from .spool import Spool
 from .symbolize import ObjectCache, Symbolizer
 from .targets import TargetResolver
@@ -55,7 +66,7 @@ DISCOVERY_INTERVAL = 0.1
 #: Keys SIGHUP can change; the rest need a restart (they change what is attached).
 RELOADABLE = {"collector", "interval", "targets", "target_refresh", "include_self", "min_block",
               "max_block", "send_timeout", "max_backoff", "token_file",
-              "tls_ca", "labels"}
+              "tls_ca", "labels", "relabel", "otlp_endpoint", "otlp_token_file", "otlp_tls_ca"}
 #: Pipelines in start order: the on-CPU program, the sampled off-CPU program,
 #: and the exact off-CPU program (run-queue, wakeup, off-wake).
 PIPELINES = ("cpu", "offcpu", "sched")
@@ -80,14 +91,22 @@ class AgentState:
     last_loop: float = field(default_factory=time.monotonic)
 
 
-def endpoint_of(cfg: config.AgentConfig) -> Endpoint:
+def _endpoint(address: str, token_file: str, tls_ca: str, timeout: float) -> Endpoint:
     ca = None
-    if cfg.tls_ca:
+    if tls_ca:
         try:
-            ca = Path(cfg.tls_ca).read_bytes()
+            ca = Path(tls_ca).read_bytes()
         except OSError as exc:
-            raise ConfigError(f"{cfg.tls_ca}: cannot read CA certificate: {exc.strerror}") from exc
-    return Endpoint(cfg.collector, config.read_token(cfg.token_file), ca, cfg.send_timeout)
+            raise ConfigError(f"{tls_ca}: cannot read CA certificate: {exc.strerror}") from exc
+    return Endpoint(address, config.read_token(token_file), ca, timeout)
+
+
+def endpoint_of(cfg: config.AgentConfig) -> Endpoint:
+    return _endpoint(cfg.collector, cfg.token_file, cfg.tls_ca, cfg.send_timeout)
+
+
+def otlp_endpoint_of(cfg: config.AgentConfig) -> Endpoint:
+    return _endpoint(cfg.otlp_endpoint, cfg.otlp_token_file, cfg.otlp_tls_ca, cfg.send_timeout)
 
 
 class Agent:
@@ -112,10 +131,19 @@ class Agent:
         self._closed = False
         self.spool = Spool(cfg.spool_dir, cfg.spool_max_size, count_profiles=profiles_in)
         self.shipper = Shipper(self.spool, endpoint_of(cfg), self.metrics, cfg.max_backoff)
+        self.otlp: tuple[Spool, Shipper] | None = None
+        if "otlp" in cfg.exporters:
+            spool = Spool(Path(cfg.spool_dir) / "otlp", cfg.spool_max_size,
+                          count_profiles=otlp_profiles_in)
+            self.otlp = (spool, Shipper(spool, otlp_endpoint_of(cfg), self.metrics,
+                                        cfg.max_backoff, wire=OTLP))
+        self.shippers = ([self.shipper] if "writeraw" in cfg.exporters else []) + (
+            [self.otlp[1]] if self.otlp else [])
         self.registry.register(BpfStatsCollector(
             lambda: {p.kind: p.program for p in self.pipelines},
             lambda pid: self._labels(pid, "").comm))
         self.resolver = TargetResolver(cfg.targets)
+        self.pods = pod_watcher(cfg.kubernetes, self._kube_error)
 
     # --- start ---
     def _bpf_config(self, kind: str) -> abi.Config:
@@ -152,13 +180,15 @@ class Agent:
             if not cfg.stack_flags & (abi.STACK_USER | abi.STACK_KERNEL):
                 raise ConfigError(f"agent: {types[0].name} records neither user nor kernel "
                                   "stacks (user_stacks, kernel_stacks)")
-        host.preflight(tracepoints=any(kind != "cpu" for kind, _ in plan))
+        host.preflight(tracepoints=any(kind == "sched" for kind, _ in plan))
         if c.kernel_stacks:
             try:
                 self.symbolizer.kernel = KernelSymbols()
             except SymbolizationError as exc:
                 log.warning("%s", exc)
         self._serve_http()
+        if self.pods is not None:
+            self.pods.start()
         entries = map_entries(c.bpf_map_memory, [kind for kind, _ in plan])
         for kind, types in plan:
             stacks, counts = entries[kind]
@@ -178,7 +208,9 @@ class Agent:
                 p.program.attach_sched_switch()
         self._window_start_ns = time.time_ns()
         self.state.attached = True
-        self.shipper.start()
+        for shipper in self.shippers:
+            shipper.start()
+        sdnotify.notify("READY=1")
         log.info("agent attached (%s), shipping to %s every %gs", ", ".join(kinds), c.collector,
                  c.interval)
 
@@ -232,6 +264,7 @@ class Agent:
         end_ns = time.time_ns()
         start_ns, self._window_start_ns = self._window_start_ns, end_ns
         series = []
+        otlp: list[ProcessProfile] = []
         for p in self.pipelines:
             t0 = time.monotonic()
             sym_before = (self.symbolizer.stats.frames, self.symbolizer.stats.unknown_frames,
@@ -252,10 +285,19 @@ class Agent:
             for ptype, builder in p.outputs:
                 samples = builder.build(result.records)
                 for pid, ss in split_by_process(samples).items():
-                    s, _ = make_series(ptype, ss, self._labels(pid, ss[0].thread_name),
-                                       start_ns, end_ns - start_ns,
-                                       {"host": self.host, **dict(self.cfg.labels)})
-                    series.append(s)
+                    meta = self._labels(pid, ss[0].thread_name)
+                    labels = relabel(series_labels(
+                        ptype, meta, {"host": self.host, **dict(self.cfg.labels)},
+                        self._pod_labels(meta)), self.cfg.relabel)
+                    if labels is None:
+                        m.profiles_dropped.labels("relabel").inc()
+                        continue
+                    if "writeraw" in self.cfg.exporters:
+                        s, _ = make_series(ptype, ss, labels, start_ns, end_ns - start_ns)
+                        series.append(s)
+                    if self.otlp is not None:
+                        otlp.append(ProcessProfile(ptype, merge_samples(ss), labels, start_ns,
+                                                   end_ns - start_ns))
                     m.profiles_built.labels(ptype.name).inc()
             st = self.symbolizer.stats
             frames = st.frames - sym_before[0]
@@ -271,6 +313,8 @@ class Agent:
             if dropped.requests:
                 self.metrics.spool_dropped.inc(dropped.profiles)
                 self.metrics.spool_dropped_bytes.inc(dropped.bytes)
+        if self.otlp is not None:
+            self._spool_otlp(otlp)
         n, size = self.spool.stats()
         self.metrics.spool_batches.set(n)
         self.metrics.spool_bytes.set(size)
@@ -280,6 +324,25 @@ class Agent:
         for cache in self.governor.caches:
             self.metrics.cache_bytes.labels(cache.name).set(cache.size_bytes())
         return len(series)
+
+    def _spool_otlp(self, profiles: list[ProcessProfile]) -> None:
+        """One OTLP request per drain, split in halves while too large."""
+        assert self.otlp is not None
+        spool = self.otlp[0]
+        pending = [profiles] if profiles else []
+        while pending:
+            part = pending.pop()
+            data = to_otlp(part).SerializeToString()
+            if len(data) > MAX_REQUEST_BYTES and len(part) > 1:
+                pending += [part[:len(part) // 2], part[len(part) // 2:]]
+                continue
+            dropped = spool.put(data)
+            if dropped.requests:
+                self.metrics.otlp_dropped.inc(dropped.profiles)
+                self.metrics.otlp_dropped_bytes.inc(dropped.bytes)
+
+    def _kube_error(self, exc: KubernetesError) -> None:
+        self.metrics.errors.labels(exc.label).inc()
 
     def _shrunk(self, report: ShrinkReport) -> None:
         self.metrics.memory_shrinks.labels(report.cache).inc()
@@ -296,12 +359,23 @@ class Agent:
             _, obj = self.symbolizer.objects.open([Path(f"/proc/{pid}/exe"),
                                                    Path(proc.exe)])
             build_id = (obj.build_id or "") if obj else ""
-        cgroup = cgroup_of(pid)
+        ref = read_container(pid)
         meta = ProcessLabels(pid=pid, comm=read_comm(pid) or thread_name,
                              executable=(proc.exe or "") if proc else "", build_id=build_id,
-                             cgroup=cgroup, container_id=container_id(cgroup))
+                             cgroup=cgroup_of(pid), container_id=ref.container_id,
+                             pod_uid=ref.pod_uid)
         self._meta[pid] = (start, meta)
         return meta
+
+    def _pod_labels(self, meta: ProcessLabels) -> dict[str, str]:
+        """namespace, pod, container, pod_label_* (looked up at each drain: the
+        watch may learn of a pod after its first profile)."""
+        if self.pods is None or not (meta.container_id or meta.pod_uid):
+            return {}
+        pod = self.pods.cache.lookup(ContainerRef(meta.container_id, meta.pod_uid))
+        if pod is None:
+            return {}
+        return pod.labels_for(meta.container_id, self.cfg.kubernetes.pod_labels)
 
     def _prune_meta(self) -> None:
         if len(self._meta) > 2 * len(self.symbolizer.processes) + 1000:
@@ -331,25 +405,35 @@ class Agent:
         self._apply_bpf_config()
         self._apply_targets()
         self.shipper.set_endpoint(endpoint)
-        self.shipper.max_backoff = new.max_backoff
+        if self.otlp is not None:
+            self.otlp[1].set_endpoint(otlp_endpoint_of(new))
+        for shipper in self.shippers:
+            shipper.max_backoff = new.max_backoff
         log.warning("SIGHUP: configuration reloaded")
+        sdnotify.notify("READY=1")
 
     # --- shutdown ---
     def shutdown(self, flush_seconds: float = 5.0) -> None:
         if self._closed:
             return
         self._closed = True
+        sdnotify.notify("STOPPING=1")
         try:
             if self.state.attached:
                 for p in self.pipelines:
                     p.program.detach()
                 self.drain_once(final=True)
         finally:
-            self.shipper.stop()
-            left = self.shipper.flush(time.monotonic() + flush_seconds)
-            if left:
-                log.warning("%d requests stay in the spool (%s) for the next start", left,
-                            self.cfg.spool_dir)
+            if self.pods is not None:
+                self.pods.stop()
+            deadline = time.monotonic() + flush_seconds
+            for shipper in self.shippers:
+                shipper.stop()
+            for shipper in self.shippers:
+                left = shipper.flush(deadline)
+                if left:
+                    log.warning("%d %s requests stay in the spool (%s) for the next start",
+                                left, shipper.wire.name, shipper.spool.dir)
             for p in self.pipelines:
                 p.program.close()
             if self._http is not None:

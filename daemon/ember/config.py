@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 
 from .errors import ConfigError
+from .relabel import Rule
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(us|ms|s|m|h|d)\s*$")
 _DURATION_UNITS = {"us": 1e-6, "ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -23,6 +24,7 @@ _SIZE = re.compile(r"^\s*(\d+)\s*(B|KiB|MiB|GiB|TiB)?\s*$")
 _SIZE_UNITS = {None: 1, "B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
 _LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 PROFILE_TYPES = ("cpu", "offcpu", "runqlat", "wakeup", "offwake")
+EXPORTERS = ("writeraw", "otlp")
 
 
 def parse_duration(text: str | int | float) -> float:
@@ -79,6 +81,26 @@ class Targets:
 
 
 @dataclass(frozen=True)
+class KubernetesConfig:
+    enabled: bool = field(default=False, metadata=_opt(
+        "Label profiles with namespace, pod, container and pod labels (pod_label_*) of "
+        "the pods on this node, watched from the API server.", "bool"))
+    node_name: str = field(default="", metadata=_opt(
+        "This node's name; empty: $NODE_NAME (the DaemonSet sets it from spec.nodeName).",
+        "str"))
+    api_server: str = field(default="", metadata=_opt(
+        "API server URL; empty: in-cluster (https://$KUBERNETES_SERVICE_HOST:"
+        "$KUBERNETES_SERVICE_PORT).", "str"))
+    token_file: str = field(default="/var/run/secrets/kubernetes.io/serviceaccount/token",
+                            metadata=_opt("Service account token (re-read on every request: "
+                                          "projected tokens rotate).", "path"))
+    ca_file: str = field(default="/var/run/secrets/kubernetes.io/serviceaccount/ca.crt",
+                         metadata=_opt("CA certificate of the API server.", "path"))
+    pod_labels: bool = field(default=True, metadata=_opt(
+        "Add each pod label as pod_label_<name> (before relabeling).", "bool"))
+
+
+@dataclass(frozen=True)
 class AgentConfig:
     collector: str = field(default="127.0.0.1:7070", metadata=_opt(
         "gRPC address of the collector (ember collector, or a Parca server).", "hostport"))
@@ -123,6 +145,12 @@ class AgentConfig:
         "programs that do not register rseq (Go, musl, glibc before 2.35), whose user "
         "stacks are otherwise lost (counted as user_late); costs about 0.1 us per system "
         "call on the whole host.", "bool"))
+    kubernetes: KubernetesConfig = field(default_factory=KubernetesConfig, metadata=_opt(
+        "Pod metadata on Kubernetes.", "section"))
+    relabel: tuple[Rule, ...] = field(default=(), metadata=_opt(
+        "Prometheus-style relabeling of each profile's labels (source_labels, separator, "
+        "regex, target_label, replacement, action: replace, keep, drop, labelmap, "
+        "labeldrop, labelkeep), applied in order before shipping.", "relabel"))
     memory_limit: int = field(default=150 << 20, metadata=_opt(
         "The agent's memory ceiling (RSS). The symbol table cache gets a third of it; "
         "past 85% the caches shrink, counted in ember_memory_shrinks_total and "
@@ -153,6 +181,17 @@ class AgentConfig:
         "Upper bound of the exponential backoff between re-sends.", "duration", 0.1, 3600))
     token_file: str = field(default="", metadata=_opt(
         "File holding a bearer token sent to the collector (empty: none).", "path"))
+    exporters: tuple[str, ...] = field(default=("writeraw",), metadata=_opt(
+        "Where profiles go: writeraw (Parca's WriteRaw: ember collector or Parca, at "
+        "collector) and/or otlp (OTLP profiles: an OpenTelemetry Collector, Grafana "
+        "Pyroscope, at otlp_endpoint). Each has its own spool and retries.", "type_list",
+        choices=EXPORTERS))
+    otlp_endpoint: str = field(default="127.0.0.1:4317", metadata=_opt(
+        "gRPC address of the OTLP endpoint (ProfilesService/Export).", "hostport"))
+    otlp_token_file: str = field(default="", metadata=_opt(
+        "File holding a bearer token for the OTLP endpoint (empty: none).", "path"))
+    otlp_tls_ca: str = field(default="", metadata=_opt(
+        "CA certificate (PEM) to verify the OTLP endpoint; set it to use TLS.", "path"))
     tls_ca: str = field(default="", metadata=_opt(
         "CA certificate (PEM) to verify the collector; set it to use TLS.", "path"))
     labels: tuple[tuple[str, str], ...] = field(default=(), metadata=_opt(
@@ -228,6 +267,36 @@ def _convert(kind: str, value: Any, meta: dict[str, Any]) -> Any:
         if not isinstance(value, str):
             raise ValueError(f"expected a path, got {value!r}")
         return value
+    elif kind == "str":
+        if not isinstance(value, str):
+            raise ValueError(f"expected a string, got {value!r}")
+        return value
+    elif kind == "relabel":
+        if not isinstance(value, list):
+            raise ValueError(f"expected a list of relabel rules, got {value!r}")
+        rules = []
+        allowed = {f.name for f in fields(Rule)}
+        for i, item in enumerate(value):
+            if not isinstance(item, dict):
+                raise ValueError(f"rule {i + 1}: expected a mapping, got {item!r}")
+            unknown = set(item) - allowed
+            if unknown:
+                raise ValueError(f"rule {i + 1}: unknown key {sorted(unknown)[0]!r} "
+                                 f"(known: {', '.join(sorted(allowed))})")
+            args = dict(item)
+            if "source_labels" in args:
+                if not isinstance(args["source_labels"], list) or not all(
+                        isinstance(x, str) for x in args["source_labels"]):
+                    raise ValueError(f"rule {i + 1}: source_labels must be a list of names")
+                args["source_labels"] = tuple(args["source_labels"])
+            for k in ("separator", "regex", "target_label", "replacement", "action"):
+                if k in args and not isinstance(args[k], str):
+                    raise ValueError(f"rule {i + 1}: {k} must be a string")
+            try:
+                rules.append(Rule(**args))
+            except ValueError as exc:
+                raise ValueError(f"rule {i + 1}: {exc}") from None
+        return tuple(rules)
     elif kind == "type_list":
         if isinstance(value, bool):
             return tuple(meta["choices"]) if value else ()
@@ -289,7 +358,8 @@ def _build(cls: type[Any], node: yaml.Node | None, path: str, prefix: str) -> An
         f = known[key]
         kind = f.metadata["kind"]
         if kind == "section":
-            sub = {"targets": Targets, "agent": AgentConfig, "collector": CollectorConfig}[key]
+            sub = {"targets": Targets, "agent": AgentConfig, "collector": CollectorConfig,
+                   "kubernetes": KubernetesConfig}[key]
             values[key] = _build(sub, value_node, path, dotted)
             continue
         try:
@@ -358,6 +428,8 @@ def _render_default(value: Any, kind: str) -> str:
         return "true" if value else "false"
     if kind == "type_list" and value == PROFILE_TYPES:
         return "true"
+    if kind == "type_list":
+        return "[" + ", ".join(value) + "]"
     if isinstance(value, tuple):
         return "[]" if not value else repr(list(value))
     return str(value) if value != "" else '""'
@@ -390,7 +462,7 @@ def reference() -> str:
             out.extend([f"## {prefix}", "", "| key | type | default | meaning |",
                         "|---|---|---|---|", *rows, ""])
         for f, name in subs:
-            sub = {"targets": Targets}[f.name]
+            sub = {"targets": Targets, "kubernetes": KubernetesConfig}[f.name]
             out.extend([f"### {name}", "", f.metadata["doc"], ""])
             section(sub, name)
 

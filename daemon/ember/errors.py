@@ -13,7 +13,9 @@
     ├── ProcessGone                 process_gone   a process exited before we read it
     ├── SymbolizationError          symbolization  an object could not be read
     │   └── ElfError                elf            malformed or unreadable ELF
-    └── OutputError                 output         the output cannot be written (exit 2)
+    ├── OutputError                 output         the output cannot be written (exit 2)
+    └── ExportError                 export         a backend refused or could not be reached
+        └── KubernetesError         kubernetes     the API server's pod list/watch failed
 
 Only the CLI turns these into messages and exit statuses; library code raises
 them and never prints.
@@ -78,6 +80,14 @@ class OutputError(EmberError):
     exit_status = 2
 
 
+class ExportError(EmberError):
+    label = "export"
+
+
+class KubernetesError(ExportError):
+    label = "kubernetes"
+
+
 ALL_ERRORS: tuple[type[EmberError], ...] = (
     EmberError,
     UsageError,
@@ -92,4 +102,6 @@ ALL_ERRORS: tuple[type[EmberError], ...] = (
     SymbolizationError,
     ElfError,
     OutputError,
+    ExportError,
+    KubernetesError,
 )

@@ -10,6 +10,7 @@ copied on a timer.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
@@ -45,6 +46,17 @@ def _process_metrics(r: CollectorRegistry) -> None:
     ProcessCollector(namespace="ember", registry=r)
 
 
+@dataclass(frozen=True)
+class ShipCounters:
+    """The counters one shipper updates (names as the WriteRaw ones)."""
+
+    profiles_sent: Counter
+    bytes_sent: Counter
+    send_failures: Counter
+    spool_dropped: Counter
+    spool_dropped_bytes: Counter
+
+
 class AgentMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         r = registry
@@ -75,6 +87,21 @@ class AgentMetrics:
                                     "Symbol table cache misses (object parsed)", registry=r)
         self.profiles_built = Counter("ember_profiles_built_total", "Profiles built", ["type"],
                                       registry=r)
+        self.profiles_dropped = Counter("ember_profiles_dropped_total",
+                                        "Profiles not shipped on purpose, by reason (relabel: "
+                                        "a keep/drop rule)", ["reason"], registry=r)
+        self.otlp_sent = Counter("ember_otlp_profiles_sent_total",
+                                 "Profiles accepted by the OTLP endpoint", registry=r)
+        self.otlp_bytes_sent = Counter("ember_otlp_sent_bytes_total",
+                                       "Bytes of OTLP export requests accepted", registry=r)
+        self.otlp_failures = Counter("ember_otlp_send_failures_total",
+                                     "Failed OTLP exports, by gRPC status", ["reason"],
+                                     registry=r)
+        self.otlp_dropped = Counter("ember_otlp_dropped_profiles_total",
+                                    "Profiles dropped on the OTLP path: spool full, or "
+                                    "rejected by the endpoint", registry=r)
+        self.otlp_dropped_bytes = Counter("ember_otlp_dropped_bytes_total",
+                                          "Bytes dropped on the OTLP path", registry=r)
         self.profiles_sent = Counter("ember_profiles_sent_total",
                                      "Profiles accepted by the collector", registry=r)
         self.bytes_sent = Counter("ember_sent_bytes_total",
@@ -103,6 +130,13 @@ class AgentMetrics:
                                        ["cache"], registry=r)
         self.cache_bytes = Gauge("ember_cache_bytes", "Approximate size of each cache",
                                  ["cache"], registry=r)
+        #: what each shipper counts, by wire
+        self.shipping = {
+            "writeraw": ShipCounters(self.profiles_sent, self.bytes_sent, self.send_failures,
+                                     self.spool_dropped, self.spool_dropped_bytes),
+            "otlp": ShipCounters(self.otlp_sent, self.otlp_bytes_sent, self.otlp_failures,
+                                 self.otlp_dropped, self.otlp_dropped_bytes),
+        }
         self.errors = Counter("ember_errors_total", "Errors by kind", ["reason"], registry=r)
         for err in ALL_ERRORS:
             self.errors.labels(err.label)

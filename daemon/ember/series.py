@@ -16,12 +16,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .encode.pprof import to_proto_with_mappings
+from .kube import container_of
 from .model import Profile, ProfileType, Sample, merge_samples
 from .proto import profilestore_pb2 as ps
 
 PROFILE_ID_PREFIX = "ember-profile-id="
 LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
-_CONTAINER = re.compile(r"(?:^|[/-])([0-9a-f]{64})(?:\.scope)?$")
 
 #: WriteRaw __name__ per profile type.
 SERIES_NAMES = {"cpu": "ember_cpu", "offcpu": "ember_offcpu", "runqlat": "ember_runqlat",
@@ -36,6 +36,7 @@ class ProcessLabels:
     build_id: str = ""
     cgroup: str = ""
     container_id: str = ""
+    pod_uid: str = ""  # not a label: finds the pod when the container is not listed yet
 
     def as_labels(self) -> dict[str, str]:
         out = {"pid": str(self.pid), "comm": self.comm, "executable": self.executable,
@@ -56,9 +57,8 @@ def cgroup_of(pid: int, proc: Path = Path("/proc")) -> str:
 
 
 def container_id(cgroup: str) -> str:
-    """The 64-hex container id at the end of a containerd/CRI-O/Docker cgroup path."""
-    m = _CONTAINER.search(cgroup.rstrip("/"))
-    return m.group(1) if m else ""
+    """The 64-hex container id of a containerd/CRI-O/Docker cgroup path."""
+    return container_of(f"0::{cgroup}").container_id
 
 
 def read_comm(pid: int, proc: Path = Path("/proc")) -> str:
@@ -75,16 +75,21 @@ def split_by_process(samples: Iterable[Sample]) -> dict[int, list[Sample]]:
     return out
 
 
-def make_series(ptype: ProfileType, samples: Sequence[Sample], meta: ProcessLabels,
-                start_ns: int, duration_ns: int, common: dict[str, str]
-                ) -> tuple[ps.RawProfileSeries, str]:
+def series_labels(ptype: ProfileType, meta: ProcessLabels, common: dict[str, str],
+                  extra: dict[str, str] | None = None) -> dict[str, str]:
+    """A process's profile labels before relabeling: __name__, the common
+    labels (host, configured ones), the process's, then extra (pod metadata)."""
+    return {"__name__": SERIES_NAMES[ptype.name], **common, **meta.as_labels(), **(extra or {})}
+
+
+def make_series(ptype: ProfileType, samples: Sequence[Sample], labels: dict[str, str],
+                start_ns: int, duration_ns: int) -> tuple[ps.RawProfileSeries, str]:
     """One RawProfileSeries for one process; returns it with its profile id."""
     profile_id = uuid.uuid4().hex
     profile = Profile(ptype, merge_samples(samples), start_ns, duration_ns,
                       comments=(f"{PROFILE_ID_PREFIX}{profile_id}",))
     proto, mappings = to_proto_with_mappings(profile)
     raw = gzip.compress(proto.SerializeToString(), compresslevel=6, mtime=0)
-    labels = {"__name__": SERIES_NAMES[ptype.name], **common, **meta.as_labels()}
     series = ps.RawProfileSeries(labels=ps.LabelSet(labels=[
         ps.Label(name=k, value=v) for k, v in sorted(labels.items())]))
     sample = series.samples.add(raw_profile=raw)

@@ -1,5 +1,6 @@
-"""Sends spooled WriteRaw requests to the collector, oldest first, in its own
-thread: a slow or absent collector never blocks a drain.
+"""Sends spooled requests to a backend, oldest first, in its own thread: a
+slow or absent backend never blocks a drain. The wire decides the protocol:
+Parca's WriteRaw (ember's collector) or OTLP ProfilesService/Export.
 
 Failures back off exponentially with full jitter (capped at max_backoff).
 A request the collector rejects as invalid (INVALID_ARGUMENT, or too large:
@@ -13,6 +14,7 @@ import logging
 import random
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,11 +48,67 @@ def profiles_in(data: bytes) -> int:
     return sum(len(s.samples) for s in req.series)
 
 
+def otlp_profiles_in(data: bytes) -> int:
+    from opentelemetry.proto.collector.profiles.v1development import profiles_service_pb2 as svc
+
+    try:
+        req = svc.ExportProfilesServiceRequest.FromString(data)
+    except Exception:
+        return 0
+    return sum(len(sp.profiles) for rp in req.resource_profiles for sp in rp.scope_profiles)
+
+
+def _writeraw_stub(channel: Any) -> Any:
+    return ps_grpc.ProfileStoreServiceStub(channel)  # type: ignore[no-untyped-call]
+
+
+def _writeraw(stub: Any, data: bytes, timeout: float, metadata: Any) -> int:
+    stub.WriteRaw(ps.WriteRawRequest.FromString(data), timeout=timeout, metadata=metadata)
+    return 0
+
+
+def _otlp_stub(channel: Any) -> Any:
+    from opentelemetry.proto.collector.profiles.v1development import (
+        profiles_service_pb2_grpc as svc_grpc,
+    )
+
+    return svc_grpc.ProfilesServiceStub(channel)  # type: ignore[no-untyped-call]
+
+
+def _otlp(stub: Any, data: bytes, timeout: float, metadata: Any) -> int:
+    from opentelemetry.proto.collector.profiles.v1development import profiles_service_pb2 as svc
+
+    resp = stub.Export(svc.ExportProfilesServiceRequest.FromString(data), timeout=timeout,
+                       metadata=metadata)
+    rejected = int(resp.partial_success.rejected_profiles)
+    if rejected or resp.partial_success.error_message:
+        log.warning("OTLP endpoint rejected %d profiles: %s", rejected,
+                    resp.partial_success.error_message)
+    return rejected
+
+
+@dataclass(frozen=True)
+class Wire:
+    """One export protocol: how a channel becomes a stub, how a spooled
+    request is sent (returning how many profiles the backend rejected), and
+    how many profiles a request holds."""
+
+    name: str
+    stub: Callable[[Any], Any]
+    send: Callable[[Any, bytes, float, Any], int]
+    count: Callable[[bytes], int]
+
+
+WRITERAW = Wire("writeraw", _writeraw_stub, _writeraw, profiles_in)
+OTLP = Wire("otlp", _otlp_stub, _otlp, otlp_profiles_in)
+
+
 class Shipper:
     def __init__(self, spool: Spool, endpoint: Endpoint, metrics: AgentMetrics,
-                 max_backoff: float = 60.0, base_backoff: float = 0.5):
+                 max_backoff: float = 60.0, base_backoff: float = 0.5, wire: Wire = WRITERAW):
         self.spool = spool
-        self.metrics = metrics
+        self.wire = wire
+        self.metrics = metrics.shipping[wire.name]
         self.max_backoff = max_backoff
         self.base_backoff = base_backoff
         self._stop = threading.Event()
@@ -82,7 +140,7 @@ class Shipper:
                     self._channel = grpc.secure_channel(ep.address, creds, options=options)
                 else:
                     self._channel = grpc.insecure_channel(ep.address, options=options)
-                self._stub = ps_grpc.ProfileStoreServiceStub(self._channel)  # type: ignore[no-untyped-call]
+                self._stub = self.wire.stub(self._channel)
             return self._stub, ep
 
     def _close_channel(self) -> None:
@@ -96,22 +154,21 @@ class Shipper:
         stub, ep = self._stub_for()
         metadata = [("authorization", f"Bearer {ep.token}")] if ep.token else None
         try:
-            stub.WriteRaw(ps.WriteRawRequest.FromString(data), timeout=ep.timeout,
-                          metadata=metadata)
+            rejected = self.wire.send(stub, data, ep.timeout, metadata)
         except grpc.RpcError as exc:
             code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
             self.metrics.send_failures.labels(code.name.lower()).inc()
             if code in PERMANENT:
-                log.error("collector rejected a request for good (%s: %s); dropping it",
-                          code.name, exc.details() if hasattr(exc, "details") else "")
-                self.metrics.spool_dropped.inc(profiles_in(data))
+                log.error("%s rejected a request for good (%s: %s); dropping it",
+                          ep.address, code.name, exc.details() if hasattr(exc, "details") else "")
+                self.metrics.spool_dropped.inc(self.wire.count(data))
                 self.metrics.spool_dropped_bytes.inc(len(data))
                 self.spool.remove(path)
                 return True
             self._failures += 1
             if self._failures in (1, 10) or self._failures % 100 == 0:
-                log.warning("collector %s: %s (%d failures in a row; spooling)", ep.address,
-                            code.name, self._failures)
+                log.warning("%s %s: %s (%d failures in a row; spooling)", self.wire.name,
+                            ep.address, code.name, self._failures)
             return False
         except ValueError as exc:  # a corrupt spool file
             log.error("dropping unreadable spooled request %s: %s", path.name, exc)
@@ -119,7 +176,9 @@ class Shipper:
             return True
         self.spool.remove(path)
         self._failures = 0
-        n = profiles_in(data)
+        n = self.wire.count(data) - rejected
+        if rejected:
+            self.metrics.spool_dropped.inc(rejected)
         self.sent += n
         self.metrics.profiles_sent.inc(n)
         self.metrics.bytes_sent.inc(len(data))
@@ -138,7 +197,8 @@ class Shipper:
                 self._stop.wait(self.backoff())
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self.run, name="ember-shipper", daemon=True)
+        self._thread = threading.Thread(target=self.run, name=f"ember-ship-{self.wire.name}",
+                                        daemon=True)
         self._thread.start()
 
     def stop(self) -> None:

@@ -11,7 +11,7 @@ import threading
 import time
 import urllib.request
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 import pytest
@@ -295,3 +295,74 @@ def test_memory_ceiling_shrinks_caches_and_keeps_naming(start_workload, tmp_path
         assert abs(shares["work_a"] - 35) <= 3, shares
     finally:
         c.close()
+
+
+def test_pod_metadata_labels(start_workload, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """A process in a cgroup laid out as a kubelet's (cgroupfs driver), a local
+    API server listing its pod: its profiles carry namespace, pod, container
+    and pod labels, after the relabeling rules."""
+    from kubefake import fake_api_server
+
+    from ember.relabel import Rule
+    from ember.targets import cgroup2_root
+
+    cid = "a" * 63 + "1"
+    uid = "0f3c2a1e-5b6d-4c7e-8f90-123456789abc"
+    pod_dir = cgroup2_root() / "kubepods" / "besteffort" / f"pod{uid}"
+    cg = pod_dir / cid
+    cg.mkdir(parents=True, exist_ok=True)
+    w = start_workload("cpu_shares")
+    (cg / "cgroup.procs").write_text(str(w.pid))
+    token = tmp_path / "token"
+    token.write_text("t")
+    port = free_port()
+    c = collector_at(tmp_path, port)
+    try:
+        with fake_api_server() as api:
+            kube = config.KubernetesConfig(enabled=True, node_name="node-1", api_server=api,
+                                           token_file=str(token))
+            rules = (Rule(regex="pod_label_pod_template_hash", action="labeldrop"),)
+            with running_agent(agent_cfg(tmp_path, port, w.pid, kubernetes=kube,
+                                         relabel=rules, offcpu=False)):
+                time.sleep(3)
+        labels = stored_samples(c, None)[0][1]
+        assert labels["container_id"] == cid
+        assert (labels["namespace"], labels["pod"], labels["container"]) == (
+            "shop", "checkout-7d9f8b6c5-x2x9q", "checkout")
+        assert labels["pod_label_app"] == "checkout"
+        assert "pod_label_pod_template_hash" not in labels
+    finally:
+        c.close()
+        w.stop()
+        for d in (cg, pod_dir, pod_dir.parent, pod_dir.parent.parent):
+            with suppress(OSError):
+                d.rmdir()
+
+
+def test_otlp_export_ground_truth(start_workload, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """exporters: [otlp] only: the ground-truth workload's profiles reach an
+    OTLP ProfilesService (opentelemetry-proto's own servicer), decode, and
+    say 35/50/15; nothing goes to the WriteRaw spool."""
+    from otlpfake import otlp_server, stacks
+
+    w = start_workload("cpu_shares")
+    with otlp_server() as (address, received):
+        with running_agent(agent_cfg(tmp_path, free_port(), w.pid, exporters=("otlp",),
+                                     otlp_endpoint=address, offcpu=False)) as agent:
+            time.sleep(4)
+        assert agent.spool.stats()[0] == 0 and agent.otlp is not None
+        assert agent.otlp[0].stats()[0] == 0  # all sent
+    totals = {"work_a": 0, "work_b": 0, "work_c": 0}
+    total = 0
+    for req in received.requests:
+        for rp in req.resource_profiles:
+            attrs = {a.key: a.value for a in rp.resource.attributes}
+            assert attrs["process.pid"].int_value == w.pid
+            samples_profile = rp.scope_profiles[0].profiles[0]
+            for names, value in stacks(req, samples_profile):
+                total += value
+                for fn in totals:
+                    totals[fn] += value if fn in names else 0
+    assert total > 100
+    for fn, want in (("work_a", 35), ("work_b", 50), ("work_c", 15)):
+        assert abs(100 * totals[fn] / total - want) <= 3, totals
