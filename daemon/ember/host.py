@@ -4,14 +4,20 @@ the user sees one line instead of a compiler backtrace."""
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
 from .errors import BccMissingError, KernelHeadersError, PrivilegeError, TracefsError
 
+CAP_DAC_READ_SEARCH = 2
+CAP_SYS_PTRACE = 19
 CAP_SYS_ADMIN = 21
+CAP_SYSLOG = 34
 CAP_PERFMON = 38
 CAP_BPF = 39
+
+log = logging.getLogger(__name__)
 
 TRACEFS_PATHS = (Path("/sys/kernel/tracing"), Path("/sys/kernel/debug/tracing"))
 
@@ -61,10 +67,52 @@ def tracefs_root() -> Path | None:
 
 
 def check_tracefs() -> None:
-    if tracefs_root() is None:
-        raise TracefsError(
-            "tracefs is not mounted (needed for the sched_switch tracepoint): "
-            "mount -t tracefs nodev /sys/kernel/tracing")
+    if tracefs_root() is not None:
+        return
+    for p in TRACEFS_PATHS:
+        if p.is_dir() and not os.access(p, os.R_OK | os.X_OK):
+            raise TracefsError(
+                f"cannot read {p} (tracefs is root-only): the run-queue, wakeup and "
+                "off-wake profiles need its tracepoint ids; run as root or grant "
+                "CAP_DAC_READ_SEARCH")
+    raise TracefsError(
+        "tracefs is not mounted (needed for the sched_switch tracepoint): "
+        "mount -t tracefs nodev /sys/kernel/tracing")
+
+
+#: Capabilities ember works without, at a loss (bit, name, what is lost).
+OPTIONAL_CAPS = (
+    (CAP_SYS_PTRACE, "CAP_SYS_PTRACE",
+     "frames in other mount namespaces (containers) are named object+offset only "
+     "(/proc/PID/root is unreadable)"),
+    (CAP_DAC_READ_SEARCH, "CAP_DAC_READ_SEARCH",
+     "frames in binaries this user cannot read are named object+offset only"),
+    (CAP_SYSLOG, "CAP_SYSLOG",
+     "kernel frames stay unnamed (/proc/kallsyms hides addresses: kernel.kptr_restrict=1)"),
+)
+
+
+def capability_warnings(caps: int | None = None, uid: int | None = None,
+                        kptr_restrict: Path = Path("/proc/sys/kernel/kptr_restrict")) -> list[str]:
+    """What will be missing for lack of an optional capability (none as root)."""
+    caps = effective_capabilities() if caps is None else caps
+    uid = os.geteuid() if uid is None else uid
+    out = []
+    for bit, name, loss in OPTIONAL_CAPS:
+        if caps & (1 << bit) or caps & (1 << CAP_SYS_ADMIN):
+            continue
+        if bit == CAP_SYS_PTRACE and uid == 0:
+            continue  # root owns most processes; ptrace checks pass by uid
+        if bit == CAP_DAC_READ_SEARCH and uid == 0:
+            continue
+        if bit == CAP_SYSLOG:
+            try:
+                if int(kptr_restrict.read_text()) == 0:
+                    continue
+            except (OSError, ValueError):
+                pass
+        out.append(f"without {name}: {loss}")
+    return out
 
 
 def check_bcc() -> None:
@@ -80,8 +128,12 @@ def check_bcc() -> None:
 
 
 def preflight(tracepoints: bool) -> None:
+    """Fail early with a clear message on what BPF needs; warn about what
+    optional capabilities are missing."""
     check_privileges()
     check_bcc()
     check_kernel_headers()
     if tracepoints:
         check_tracefs()
+    for warning in capability_warnings():
+        log.warning("%s", warning)

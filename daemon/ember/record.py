@@ -126,7 +126,8 @@ class Recorder:
 
     def start(self) -> None:
         o = self.options
-        host.preflight(tracepoints=o.mode != "cpu")
+        # the sampled off-CPU program uses BTF tracepoints: no tracefs needed
+        host.preflight(tracepoints=not (o.mode == "cpu" or self.sampled))
         if o.kernel_stacks:
             try:
                 self.symbolizer.kernel = KernelSymbols()
