@@ -175,6 +175,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     ref = sub.add_parser("config-reference", help="print the configuration reference")
     ref.set_defaults(func=cmd_config_reference)
+    mref = sub.add_parser("metrics-reference", help="print the metrics reference")
+    mref.set_defaults(func=cmd_metrics_reference)
     return parser
 
 
@@ -443,6 +445,13 @@ def cmd_symbolize(args: argparse.Namespace) -> int:
         else:
             out.append(f"{addr:#x} {named[0]}+{named[2]:#x} {entry.path}")
     sys.stdout.write("".join(line + "\n" for line in out))
+    return 0
+
+
+def cmd_metrics_reference(_args: argparse.Namespace) -> int:
+    from .metrics import reference
+
+    sys.stdout.write(reference())
     return 0
 
 

@@ -238,3 +238,50 @@ class CollectorMetrics:
         self.storage_bytes = Gauge("ember_collector_storage_bytes", "Database size", registry=r)
         self.queries = Counter("ember_collector_queries_total", "HTTP API requests by status",
                                ["code"], registry=r)
+
+
+def reference() -> str:
+    """Markdown reference of every metric the agent and the collector export
+    (docs/metrics.md, checked current by tests/test_metrics_doc.py)."""
+    out = ["# Metrics reference", "",
+           "Generated from `daemon/ember/metrics.py` (`ember metrics-reference`); "
+           "`tests/test_metrics_doc.py` fails when this file is stale. Also exported: "
+           "`ember_process_*` (CPU seconds, resident memory, open file descriptors) from "
+           "prometheus-client's process collector. Metrics marked *scrape time* are read "
+           "from the kernel's BPF maps when Prometheus scrapes.", ""]
+    agent = AgentMetrics(CollectorRegistry())
+    collector = CollectorMetrics(CollectorRegistry())
+    for title, where, holder, extra in (
+            ("Agent", "`agent.metrics_listen` (`/metrics`)", agent, _BPF_FAMILIES),
+            ("Collector", "the collector's HTTP address (`/metrics`)", collector, {})):
+        rows = []
+        for m in vars(holder).values():
+            if isinstance(m, (Counter, Gauge, Histogram, Info)):
+                name = m._name + ("_total" if isinstance(m, Counter) else "")
+                kind = type(m).__name__.lower()
+                rows.append(f"| `{name}` | {kind} | {', '.join(m._labelnames) or '-'} | "
+                            f"{m._documentation} |")
+        for name, (kind, labels, doc) in extra.items():
+            rows.append(f"| `{name}` | {kind} | {', '.join(labels)} | {doc} (scrape time) |")
+        out += [f"## {title}", "", f"Served on {where}.", "",
+                "| metric | type | labels | meaning |", "|---|---|---|---|", *sorted(rows), ""]
+    return "\n".join(out).rstrip() + "\n"
+
+
+def _families() -> dict[str, tuple[str, tuple[str, ...], str]]:
+    """The BPF collector's families: name -> (type, labels, help)."""
+    out = {}
+    for fam in BpfStatsCollector(lambda: {}).collect():
+        name = fam.name + ("_total" if fam.type == "counter" else "")
+        out[name] = (fam.type, _FAMILY_LABELS[fam.name], fam.documentation)
+    return out
+
+
+_FAMILY_LABELS = {
+    "ember_bpf_events": ("type",), "ember_bpf_dropped": ("type", "reason"),
+    "ember_bpf_stacks_lost": ("type", "reason"), "ember_bpf_offcpu_blocks": ("type", "stage"),
+    "ember_bpf_program_run_seconds": ("type",), "ember_bpf_program_runs": ("type",),
+    "ember_bpf_map_memory_bytes": ("type", "map"),
+    "ember_runqueue_latency_seconds": ("pid", "comm"),
+}
+_BPF_FAMILIES = _families()
