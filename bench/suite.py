@@ -214,6 +214,8 @@ def oncpu(rounds: int, seconds: float) -> Table:
                 agent = Agent(Path(tmp), {"frequency": str(freq), "offcpu": "false",
                                           "interval": "10s"})
                 try:
+                    # past its start: the first drain reads every process's maps
+                    time.sleep(12)
                     c0, t0 = cpu_seconds(agent.proc.pid), time.monotonic()
                     work[name].append(spin_all(seconds))
                     c1, t1 = cpu_seconds(agent.proc.pid), time.monotonic()

@@ -18,6 +18,10 @@ BPF_HASH(ember_counts, struct ember_key, struct ember_value, EMBER_COUNT_ENTRIES
 /* Processes active since the daemon last looked (tgid -> first event time):
  * the daemon reads their maps while they are alive, then deletes the entry. */
 BPF_HASH(ember_pids, u32, u64, EMBER_PID_ENTRIES);
+/* ... and each newly noted one, at once: the daemon blocks on this ring and
+ * reads a new process's maps within a millisecond or so, so a process that
+ * lives for 30 ms still gets its frames named. */
+BPF_RINGBUF_OUTPUT(ember_new_pids, EMBER_NEW_PID_PAGES);
 
 static __always_inline void ember_stat_add(u32 idx, u64 n)
 {
@@ -56,6 +60,22 @@ static __always_inline void ember_note_pid(u32 tgid)
     u64 now = bpf_ktime_get_ns();
     if (ember_pids.update(&tgid, &now))
         ember_stat_add(EMBER_STAT_PIDS_FULL, 1);
+    if (ember_new_pids.ringbuf_output(&tgid, sizeof(tgid), 0))
+        ember_stat_add(EMBER_STAT_NEW_PIDS_FULL, 1);
+}
+
+/* tp_btf/sched_process_exec: the process's maps were just replaced. Note it
+ * again, so the daemon re-reads them (and once more a little later, when the
+ * dynamic loader has mapped the libraries). */
+int ember_on_exec(u64 *ctx)
+{
+    struct ember_config *cfg = ember_get_config();
+    u32 tgid = bpf_get_current_pid_tgid() >> 32;
+    if (!cfg || !ember_wanted(cfg, tgid))
+        return 0;
+    ember_pids.delete(&tgid);
+    ember_note_pid(tgid);
+    return 0;
 }
 
 /* Add one event to the counts of key. */

@@ -33,6 +33,9 @@
 #ifndef EMBER_PID_ENTRIES
 #define EMBER_PID_ENTRIES 8192
 #endif
+#ifndef EMBER_NEW_PID_PAGES
+#define EMBER_NEW_PID_PAGES 16
+#endif
 /* How many stack maps rotate with the epoch (see daemon/ember/drain.py). */
 #ifndef EMBER_STACK_GENERATIONS
 #define EMBER_STACK_GENERATIONS 2
@@ -109,6 +112,7 @@ enum ember_stat {
     EMBER_STAT_SAMPLED,               /* off-CPU sampled: blocks whose stacks were taken */
     EMBER_STAT_USER_STACK_LATE,       /* off-CPU sampled: resumed to user space unseen */
     EMBER_STAT_KERNEL_STACK_STALE,    /* off-CPU sampled: stack slot recycled meanwhile */
+    EMBER_STAT_NEW_PIDS_FULL,         /* ember_new_pids ring full: maps read at the poll */
     EMBER_STAT_MAX,
 };
 

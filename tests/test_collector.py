@@ -25,7 +25,7 @@ from ember.encode.pprof import decode_pprof
 from ember.proto import profile_pb2 as pb
 from ember.proto import profilestore_pb2 as ps
 from ember.proto import profilestore_pb2_grpc as ps_grpc
-from ember.series import ProcessLabels, make_series
+from ember.series import ProcessLabels, make_series, series_labels
 from encode.sample_profiles import cpu_profile, offcpu_profile
 
 
@@ -33,8 +33,8 @@ def series(pid: int = 10, kind: str = "cpu") -> ps.RawProfileSeries:
     prof = cpu_profile() if kind == "cpu" else offcpu_profile()
     import time
     now = time.time_ns()
-    return make_series(prof.type, prof.samples, ProcessLabels(pid=pid, comm="app"), now - 10**9,
-                       10**9, {"host": "h"})[0]
+    labels = series_labels(prof.type, ProcessLabels(pid=pid, comm="app"), {"host": "h"})
+    return make_series(prof.type, prof.samples, labels, now - 10**9, 10**9)[0]
 
 
 def start(tmp_path: Path, **kw: object) -> Collector:

@@ -23,7 +23,8 @@ def maps_lines(path: Path, base: int) -> list[str]:
         start = base + (seg.vaddr & ~0xFFF)
         end = base + ((seg.vaddr + seg.memsz + 0xFFF) & ~0xFFF)
         perms = "r-xp" if seg.executable else "r--p"
-        lines.append(f"{start:x}-{end:x} {perms} {seg.offset & ~0xFFF:08x} 08:01 77 {path}")
+        inode = path.stat().st_ino if path.exists() else 77  # as the kernel reports it
+        lines.append(f"{start:x}-{end:x} {perms} {seg.offset & ~0xFFF:08x} 08:01 {inode} {path}")
     return lines
 
 
@@ -63,7 +64,8 @@ def test_return_addresses_looked_up_one_byte_earlier(tmp_path: Path, fixture_bin
 def test_unreadable_object_keeps_its_name(tmp_path: Path, fixture_bin: Path) -> None:
     bad = tmp_path / "libbroken.so"
     bad.write_bytes(b"\x7fELF" + b"\xff" * 200)
-    write_proc(tmp_path, 7, f"7f0000000000-7f0000010000 r-xp 00002000 08:01 5 {bad}\n")
+    write_proc(tmp_path, 7, f"7f0000000000-7f0000010000 r-xp 00002000 08:01 "
+                            f"{bad.stat().st_ino} {bad}\n")
     sym = Symbolizer(ProcessTable(ProcFS(tmp_path)), objects=ObjectCache())
     [f] = sym.user_frames(7, [0x7F0000000100])
     assert f.name == "libbroken.so+0x2100"

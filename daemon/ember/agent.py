@@ -42,7 +42,7 @@ from .model import (
     cpu_type,
     merge_samples,
 )
-from .procmaps import ProcessTable, ProcFS
+from .procmaps import ProcessTable, ProcessWatcher, ProcFS
 from .relabel import relabel
 from .series import (
     ProcessLabels,
@@ -57,7 +57,14 @@ from .shipper import OTLP, Endpoint, Shipper, otlp_profiles_in, profiles_in
 from .spool import Spool
 from .symbolize import ObjectCache, Symbolizer
 from .targets import TargetResolver
-from .tracer import Program, offcpu_sampled_spec, offcpu_spec, oncpu_spec, self_tgid
+from .tracer import (
+    Program,
+    offcpu_sampled_spec,
+    offcpu_spec,
+    oncpu_spec,
+    self_tgid,
+    wait_new_processes,
+)
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +127,7 @@ class Agent:
         self.state = AgentState()
         self.pipelines: list[Pipeline] = []
         self.symbolizer = Symbolizer(ProcessTable(procfs or ProcFS()), objects=ObjectCache(
-            max_bytes=int(cfg.memory_limit * SYMBOL_CACHE_SHARE)))
+            max_bytes=int(cfg.memory_limit * SYMBOL_CACHE_SHARE), debug_dirs=cfg.debug_dirs))
         self.governor = MemoryGovernor(
             cfg.memory_limit, [self.symbolizer.objects, self.symbolizer.memos(),
                                self.symbolizer.processes], self._shrunk)
@@ -144,6 +151,7 @@ class Agent:
             lambda pid: self._labels(pid, "").comm))
         self.resolver = TargetResolver(cfg.targets)
         self.pods = pod_watcher(cfg.kubernetes, self._kube_error)
+        self.watcher: ProcessWatcher | None = None
 
     # --- start ---
     def _bpf_config(self, kind: str) -> abi.Config:
@@ -199,6 +207,10 @@ class Agent:
         kinds = [t.name for _, types in plan for t in types]
         self._apply_bpf_config()
         self._apply_targets()
+        programs = [p.program for p in self.pipelines]
+        self.watcher = ProcessWatcher(self.symbolizer.processes,
+                                      lambda t: wait_new_processes(programs, t))
+        self.watcher.start()
         for p in self.pipelines:
             if p.kind == "cpu":
                 p.program.attach_cpu_clock(c.frequency)
@@ -241,6 +253,7 @@ class Agent:
         try:
             while not stop.is_set():
                 self.state.last_loop = time.monotonic()
+                # new processes' maps are read as soon as the kernel notes them
                 if stop.wait(DISCOVERY_INTERVAL):
                     break
                 if reload.is_set():
@@ -419,6 +432,8 @@ class Agent:
         self._closed = True
         sdnotify.notify("STOPPING=1")
         try:
+            if self.watcher is not None:
+                self.watcher.stop()
             if self.state.attached:
                 for p in self.pipelines:
                     p.program.detach()

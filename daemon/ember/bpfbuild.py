@@ -96,11 +96,15 @@ class ProgramSpec:
         return flags
 
 
+#: In every program (common.h): re-note a process when it execs.
+EXEC_HOOK = ("ember_on_exec", "tp_btf/sched_process_exec")
+
+
 def oncpu_spec(stack_entries: int = 16384, count_entries: int = 16384) -> ProgramSpec:
     return ProgramSpec("oncpu.c", {"EMBER_STACK_ENTRIES": stack_entries,
                                    "EMBER_COUNT_ENTRIES": count_entries,
                                    "EMBER_STACK_GENERATIONS": 2},
-                       (("ember_on_cpu", "perf_event"),))
+                       (("ember_on_cpu", "perf_event"), EXEC_HOOK))
 
 
 def offcpu_spec(stack_entries: int = 8192, count_entries: int = 16384,
@@ -110,7 +114,7 @@ def offcpu_spec(stack_entries: int = 8192, count_entries: int = 16384,
                                     "EMBER_THREAD_ENTRIES": thread_entries,
                                     "EMBER_STACK_GENERATIONS": 3},
                        (("ember_sched_waking", "tracepoint"),
-                        ("ember_sched_switch", "tracepoint")))
+                        ("ember_sched_switch", "tracepoint"), EXEC_HOOK))
 
 
 def offcpu_sampled_spec(stack_entries: int = 8192, count_entries: int = 16384) -> ProgramSpec:
@@ -120,7 +124,7 @@ def offcpu_sampled_spec(stack_entries: int = 8192, count_entries: int = 16384) -
                                             "EMBER_STACK_GENERATIONS": 3},
                        (("ember_sampled_switch", "tp_btf/sched_switch"),
                         ("ember_sampled_resume", "tp_btf/rseq_update"),
-                        ("ember_sampled_resume", "tp_btf/sys_exit")))
+                        ("ember_sampled_resume", "tp_btf/sys_exit"), EXEC_HOOK))
 
 
 @dataclass(frozen=True)

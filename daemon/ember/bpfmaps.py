@@ -144,3 +144,64 @@ class PerCpuArray(BpfMap):
     def read_all(self) -> list[int]:
         return [sum(v) if (v := self.lookup(ct.c_uint32(i))) is not None else 0
                 for i in range(self.max_entries)]
+
+
+class RingBuffer:
+    """A BPF_MAP_TYPE_RINGBUF map, consumed through its mmap'ed pages
+    (kernel/bpf/ringbuf.c): a consumer position page (read-write), then the
+    producer position page and the data area mapped twice in a row (read
+    only), so a record never wraps. Each record has an 8-byte header whose
+    length word carries BUSY (still being written) and DISCARD bits."""
+
+    _BUSY = 1 << 31
+    _DISCARD = 1 << 30
+    _HDR = 8
+
+    def __init__(self, name: str, fd: int, size: int):
+        import mmap
+        import select
+
+        self.name = name
+        self.size = size
+        page = mmap.PAGESIZE
+        self._page = page
+        try:
+            self._consumer = mmap.mmap(fd, page, mmap.MAP_SHARED,
+                                       mmap.PROT_READ | mmap.PROT_WRITE, offset=0)
+            self._producer = mmap.mmap(fd, page + 2 * size, mmap.MAP_SHARED, mmap.PROT_READ,
+                                       offset=page)
+        except OSError as exc:
+            raise BpfError(f"mmap of ring buffer {name}: {exc.strerror}") from None
+        self._poll = select.epoll()
+        self._poll.register(fd, select.EPOLLIN)
+
+    def fileno(self) -> int:
+        return self._poll.fileno()
+
+    def wait(self, timeout: float) -> None:
+        """Block until records may be there, or timeout seconds pass."""
+        self._poll.poll(timeout)
+
+    def consume(self) -> list[bytes]:
+        """Every committed record since the last call, in order."""
+        import struct
+
+        out = []
+        cons = struct.unpack_from("=Q", self._consumer, 0)[0]
+        prod = struct.unpack_from("=Q", self._producer, 0)[0]
+        while cons < prod:
+            off = self._page + (cons & (self.size - 1))
+            word = struct.unpack_from("=I", self._producer, off)[0]
+            if word & self._BUSY:
+                break
+            length = word & ~(self._BUSY | self._DISCARD)
+            if not word & self._DISCARD:
+                out.append(self._producer[off + self._HDR:off + self._HDR + length])
+            cons += (length + self._HDR + 7) & ~7
+            struct.pack_into("=Q", self._consumer, 0, cons)
+        return out
+
+    def close(self) -> None:
+        self._poll.close()
+        self._consumer.close()
+        self._producer.close()

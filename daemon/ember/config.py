@@ -151,6 +151,9 @@ class AgentConfig:
         "Prometheus-style relabeling of each profile's labels (source_labels, separator, "
         "regex, target_label, replacement, action: replace, keep, drop, labelmap, "
         "labeldrop, labelkeep), applied in order before shipping.", "relabel"))
+    debug_dirs: tuple[str, ...] = field(default=("/usr/lib/debug",), metadata=_opt(
+        "Where separate debug files are looked up, by build id (.build-id/xx/rest.debug) "
+        "and by .gnu_debuglink name (CRC checked), in this order.", "str_list"))
     memory_limit: int = field(default=150 << 20, metadata=_opt(
         "The agent's memory ceiling (RSS). The symbol table cache gets a third of it; "
         "past 85% the caches shrink, counted in ember_memory_shrinks_total and "

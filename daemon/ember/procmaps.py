@@ -12,7 +12,9 @@ from __future__ import annotations
 import bisect
 import logging
 import os
-from collections.abc import Iterable
+import threading
+import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -128,6 +130,10 @@ class ProcFS:
                 Path(path)]
 
 
+#: A noted process's maps are read again this much later (libraries mapped).
+RECHECK_S = 0.01
+
+
 class ProcessTable:
     """Maps of the processes seen in recent drains.
 
@@ -135,54 +141,127 @@ class ProcessTable:
     PID that cannot be read any more keeps the maps it had; ``expire`` forgets
     entries not refreshed for ``keep_rounds`` rounds, so a drain right after a
     process exited can still name its frames and the table stays bounded.
+
+    Thread-safe: a ``ProcessWatcher`` thread reads new processes' maps while
+    the controller drains and symbolizes.
     """
 
     def __init__(self, procfs: ProcFS | None = None, keep_rounds: int = 3):
         self.procfs = procfs or ProcFS()
         self.keep_rounds = keep_rounds
         self._table: dict[int, tuple[Process, int]] = {}
+        self._recheck: dict[int, float] = {}   # pid -> when to read its maps again
         self._round = 0
+        self._lock = threading.RLock()
 
     def refresh(self, pids: Iterable[int]) -> None:
         for pid in set(pids):
-            proc = self.procfs.read(pid)
-            if proc is not None:
-                self._table[pid] = (proc, self._round)
-            elif pid in self._table:
-                self._table[pid] = (self._table[pid][0], self._round)
+            proc = self.procfs.read(pid)  # outside the lock: /proc reads are slow
+            with self._lock:
+                if proc is not None:
+                    self._table[pid] = (proc, self._round)
+                elif pid in self._table:
+                    self._table[pid] = (self._table[pid][0], self._round)
+
+    def noted(self, pids: Iterable[int], now: float) -> None:
+        """Processes the kernel just noted (new, or just exec'd): read their
+        maps now, and once more ``RECHECK_S`` later, when the dynamic loader
+        has mapped the libraries."""
+        pids = list(pids)
+        self.refresh(pids)
+        with self._lock:
+            for pid in pids:
+                self._recheck.setdefault(pid, now + RECHECK_S)
+
+    def recheck(self, now: float) -> float | None:
+        """Re-read the maps that are due; when the next one is due (or None)."""
+        with self._lock:
+            due = [pid for pid, t in self._recheck.items() if t <= now]
+            for pid in due:
+                del self._recheck[pid]
+        if due:
+            self.refresh(due)
+        with self._lock:
+            return min(self._recheck.values(), default=None)
 
     def discover(self, pids: Iterable[int]) -> None:
         """Read the maps of PIDs not in the table yet (cheap to call often)."""
-        self.refresh(pid for pid in pids if pid not in self._table)
+        with self._lock:
+            new = [pid for pid in pids if pid not in self._table]
+        self.refresh(new)
 
     def expire(self) -> None:
         """End a round: forget what was not refreshed in the last rounds."""
-        self._round += 1
-        for pid, (_, seen) in list(self._table.items()):
-            if self._round - seen > self.keep_rounds:
-                del self._table[pid]
+        with self._lock:
+            self._round += 1
+            for pid, (_, seen) in list(self._table.items()):
+                if self._round - seen > self.keep_rounds:
+                    del self._table[pid]
 
     # memory.Shrinkable
     name = "process_maps"
     _MAP_BYTES = 250  # a MapEntry with its path string, roughly
 
     def size_bytes(self) -> int:
-        return sum(self._MAP_BYTES * len(p.maps) for p, _ in self._table.values())
+        with self._lock:
+            return sum(self._MAP_BYTES * len(p.maps) for p, _ in self._table.values())
 
     def shrink(self, fraction: float) -> int:
         """Forget the processes not refreshed for the longest (they are read
         again if they show up in a later drain)."""
         before = self.size_bytes()
-        by_age = sorted(self._table, key=lambda pid: self._table[pid][1])
-        for pid in by_age[:int(len(by_age) * fraction)]:
-            del self._table[pid]
+        with self._lock:
+            by_age = sorted(self._table, key=lambda pid: self._table[pid][1])
+            for pid in by_age[:int(len(by_age) * fraction)]:
+                del self._table[pid]
         return before - self.size_bytes()
 
     def get(self, pid: int) -> Process | None:
-        if pid not in self._table:
+        with self._lock:
+            entry = self._table.get(pid)
+        if entry is None:
             self.refresh([pid])
-        entry = self._table.get(pid)
+            with self._lock:
+                entry = self._table.get(pid)
         return entry[0] if entry else None
 
     def __len__(self) -> int:
-        return len(self._table)
+        with self._lock:
+            return len(self._table)
+
+
+class ProcessWatcher:
+    """A thread that reads a process's maps as soon as the kernel notes it
+    (``wait(timeout)`` returns the PIDs noted, from the programs' rings), and
+    again ``RECHECK_S`` later; the controller's drains cannot delay it, so a
+    process living 30 ms is read while it lives."""
+
+    def __init__(self, table: ProcessTable, wait: Callable[[float], list[int]],
+                 max_wait: float = 0.1):
+        self.table = table
+        self.wait = wait
+        self.max_wait = max_wait
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="ember-procs", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            now = time.monotonic()
+            due = self.table.recheck(now)
+            timeout = self.max_wait if due is None else min(self.max_wait, max(0.0, due - now))
+            try:
+                fresh = self.wait(timeout)
+            except Exception:  # a closed ring at shutdown
+                if self._stop.is_set():
+                    return
+                raise
+            if fresh:
+                self.table.noted(fresh, time.monotonic())

@@ -32,9 +32,16 @@ from .model import (
     cpu_type,
     merge_samples,
 )
-from .procmaps import ProcessTable, ProcFS
+from .procmaps import ProcessTable, ProcessWatcher, ProcFS
 from .symbolize import Symbolizer
-from .tracer import Program, offcpu_sampled_spec, offcpu_spec, oncpu_spec, self_tgid
+from .tracer import (
+    Program,
+    offcpu_sampled_spec,
+    offcpu_spec,
+    oncpu_spec,
+    self_tgid,
+    wait_new_processes,
+)
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +121,7 @@ class Recorder:
         self.options = options
         self.ptype = options.profile_type()
         self.program: Program | None = None
+        self.watcher: ProcessWatcher | None = None
         self.stats = RecordStats()
         self._samples: list[Sample] = []
         self._closed = False
@@ -154,6 +162,11 @@ class Recorder:
         self.drainer = Drainer(self.program)
         self._t0_wall = time.time_ns()
         self._t0 = time.monotonic_ns()
+        # new processes' maps are read as soon as the kernel notes them
+        program = self.program
+        self.watcher = ProcessWatcher(self.symbolizer.processes,
+                                      lambda t: wait_new_processes([program], t))
+        self.watcher.start()
         if o.mode == "cpu":
             self.program.attach_cpu_clock(o.frequency)
         elif self.sampled:
@@ -194,6 +207,7 @@ class Recorder:
                 now = time.monotonic()
                 wake = min(next_drain, now + o.maps_interval,
                            deadline if deadline is not None else next_drain)
+                # new processes' maps are read as soon as the kernel notes them
                 if stop.wait(max(0.0, wake - now)):
                     break
                 now = time.monotonic()
@@ -216,6 +230,8 @@ class Recorder:
         # programs stopped seeing it.
         end = time.monotonic_ns()
         self.program.detach()
+        if self.watcher is not None:
+            self.watcher.stop()
         self._absorb(final=True, end_ns=end)
         self.stats.kernel = {s.name.lower(): v for s, v in self.program.stats().items()}
         comments = (f"ember record --mode {self.options.mode}",)
@@ -226,5 +242,7 @@ class Recorder:
         if self._closed:
             return
         self._closed = True
+        if self.watcher is not None:
+            self.watcher.stop()
         if self.program is not None:
             self.program.close()

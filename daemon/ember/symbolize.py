@@ -38,6 +38,7 @@ class SymbolizerStats:
     cache_misses: int = 0
     object_errors: int = 0
     debug_files: int = 0         # stripped objects named through a separate debug file
+    replaced_objects: int = 0    # paths that now name another file than the mapped one
 
 
 class ObjectCache:
@@ -53,11 +54,19 @@ class ObjectCache:
         self._bytes = 0
         self.stats = SymbolizerStats()
 
-    def open(self, candidates: Sequence[Path]) -> tuple[ObjectKey | None, ElfSymbols | None]:
+    def open(self, candidates: Sequence[Path], inode: int = 0
+             ) -> tuple[ObjectKey | None, ElfSymbols | None]:
+        """The first candidate that opens. With the mapping's inode, a path
+        now naming another file (a binary replaced while running: the new
+        file at the old path) is skipped; /proc/PID/map_files is the mapped
+        file itself and always trusted."""
         for path in candidates:
             try:
                 st = os.stat(path)
             except OSError:
+                continue
+            if inode and st.st_ino != inode and "map_files" not in path.parts:
+                self.stats.replaced_objects += 1
                 continue
             key: ObjectKey = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
             if key in self._lru:
@@ -192,7 +201,7 @@ class Symbolizer:
             if len(self._objects_of) >= self._memo_size:
                 self._objects_of.clear()
             hit = self._objects_of[k] = self.objects.open(
-                self.processes.procfs.object_candidates(pid, entry))
+                self.processes.procfs.object_candidates(pid, entry), entry.inode)
         else:
             self.stats.cache_hits += 1
         return hit

@@ -8,6 +8,8 @@ from __future__ import annotations
 import ctypes as ct
 import logging
 import os
+import select
+import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -23,7 +25,7 @@ from .bpfbuild import (
 
 __all__ = ["Program", "ProgramSpec", "flatten_source", "offcpu_sampled_spec", "offcpu_spec",
            "oncpu_spec", "self_tgid"]
-from .bpfmaps import BpfMap, PerCpuArray, StackMap
+from .bpfmaps import BpfMap, PerCpuArray, RingBuffer, StackMap
 from .errors import BpfError
 
 log = logging.getLogger(__name__)
@@ -54,6 +56,8 @@ class Program:
                                     self._max("ember_stacks_0"))
                            for i in range(self.generations)]
         self.pids_map = self._map("ember_pids", ct.c_uint64, key=ct.c_uint32)
+        self.new_pids = RingBuffer("ember_new_pids", self._fd("ember_new_pids"),
+                                   self._max("ember_new_pids"))
         self.sampled = self.spec.source == "offcpu_sampled.c"
         # kernel stacks of sleeping threads (ids with TASK_STACK_BIT)
         self.task_stack_maps = [StackMap(f"ember_tstacks_{i}", self._fd(f"ember_tstacks_{i}"),
@@ -107,8 +111,17 @@ class Program:
         except KeyError:
             raise BpfError(f"{fn} ({kind}) not in {self.spec.source}") from None
 
+    def _attach_exec_hook(self) -> None:
+        try:
+            self._attach_fds.append(bpfsys.raw_tracepoint_open(
+                self._prog("ember_on_exec", "tp_btf/sched_process_exec")))
+        except OSError as exc:
+            self.detach()
+            raise BpfError(f"attaching tp_btf/sched_process_exec failed: {exc}") from None
+
     def attach_cpu_clock(self, frequency: int) -> None:
         """A cpu-clock perf event per online CPU, sampling at frequency Hz."""
+        self._attach_exec_hook()
         prog = self._prog("ember_on_cpu", "perf_event")
         try:
             for cpu in bpfsys.online_cpus():
@@ -122,6 +135,7 @@ class Program:
 
     def attach_sched_switch(self) -> None:
         """sched_switch, and sched_waking (to split blocked from queued time)."""
+        self._attach_exec_hook()
         for tp, fn in (("sched_waking", "ember_sched_waking"),
                        ("sched_switch", "ember_sched_switch")):
             try:
@@ -137,6 +151,7 @@ class Program:
         """sched_switch, rseq_update and optionally sys_exit, as BTF
         tracepoints (offcpu_sampled.c). The resume hooks go first: a block
         chosen at switch-in is never left without one."""
+        self._attach_exec_hook()
         hooks = ["rseq_update"] + (["sys_exit"] if sys_exit else [])
         links = [("ember_sampled_resume", f"tp_btf/{tp}") for tp in hooks]
         links.append(("ember_sampled_switch", "tp_btf/sched_switch"))
@@ -155,6 +170,7 @@ class Program:
 
     def close(self) -> None:
         self.detach()
+        self.new_pids.close()
         self.built.close()
 
     # -- drain.DrainMaps --
@@ -206,6 +222,11 @@ class Program:
         values = self.stats_map.read_all()
         return {s: values[int(s)] for s in abi.Stat}
 
+    def take_new_pids(self) -> list[int]:
+        """Processes noted since the last call, from the ring (cheap: no
+        system call when there is nothing)."""
+        return [int.from_bytes(r[:4], "little") for r in self.new_pids.consume() if len(r) >= 4]
+
     def take_active_pids(self) -> list[int]:
         """Processes with events since the last call (the entries are consumed)."""
         entries = self.pids_map.lookup_batch()
@@ -221,6 +242,17 @@ class Program:
             t += dt
             n += dn
         return t, n
+
+
+def wait_new_processes(programs: Sequence[Program], timeout: float) -> list[int]:
+    """Block up to timeout seconds for processes the programs see for the
+    first time; their PIDs (possibly none)."""
+    rings = [p.new_pids for p in programs]
+    if rings:
+        select.select(rings, [], [], max(0.0, timeout))
+    else:
+        time.sleep(max(0.0, timeout))
+    return [pid for p in programs for pid in p.take_new_pids()]
 
 
 def _sync_set(m: BpfMap, wanted: set[int], ctype: Any) -> None:

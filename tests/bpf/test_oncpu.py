@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from ember.model import Profile
 from ember.record import Recorder, RecordOptions
 
 from .helpers import inclusive, record, where
@@ -117,3 +118,34 @@ def test_node_jit_frames_named_through_perf_map(tmp_path: Path) -> None:
         node.kill()
         node.wait()
         Path(f"/tmp/perf-{node.pid}.map").unlink(missing_ok=True)
+
+
+def test_short_lived_process_storm(fixture_bin) -> None:  # type: ignore[no-untyped-def]
+    """Hundreds of processes that live 30 ms each, exited long before the
+    drain: the kernel notes each new process on a ring buffer and ember
+    reads its maps at once, so its frames are named."""
+    rec = Recorder(RecordOptions(mode="cpu", duration=60, frequency=999))
+    rec.start()
+    stop = threading.Event()
+    holder: dict[str, Profile] = {}
+    t = threading.Thread(target=lambda: holder.setdefault("p", rec.run(stop)))
+    t.start()
+    time.sleep(1)  # past the first look at every process already running
+    try:
+        running: list[subprocess.Popen[bytes]] = []
+        for _ in range(300):
+            running.append(subprocess.Popen([str(fixture_bin / "short_lived"), "30"]))
+            if len(running) >= 2:
+                running.pop(0).wait()
+        for p in running:
+            p.wait()
+        time.sleep(0.3)
+    finally:
+        stop.set()
+        t.join(timeout=60)
+    samples = [s for s in holder["p"].samples if s.thread_name == "short_lived"]
+    total = sum(s.values[0] for s in samples)
+    named = sum(s.values[0] for s in samples if any(f.name == "storm_work" for f in s.frames))
+    assert total > 1000, total  # 300 x 30 ms at 999 Hz: about 9000 samples
+    assert named >= 0.95 * total, (named, total)
+    assert len({s.pid for s in samples}) >= 250
