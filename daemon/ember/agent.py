@@ -69,7 +69,9 @@ from .tracer import (
 log = logging.getLogger(__name__)
 
 MAX_REQUEST_BYTES = 4 << 20
-DISCOVERY_INTERVAL = 0.1
+#: The controller's loop: SIGHUP, target rules and drains are checked this
+#: often (new processes are the ProcessWatcher thread's, at once).
+LOOP_INTERVAL = 0.5
 #: Keys SIGHUP can change; the rest need a restart (they change what is attached).
 RELOADABLE = {"collector", "interval", "targets", "target_refresh", "include_self", "min_block",
               "max_block", "send_timeout", "max_backoff", "token_file",
@@ -254,14 +256,12 @@ class Agent:
             while not stop.is_set():
                 self.state.last_loop = time.monotonic()
                 # new processes' maps are read as soon as the kernel notes them
-                if stop.wait(DISCOVERY_INTERVAL):
+                if stop.wait(LOOP_INTERVAL):
                     break
                 if reload.is_set():
                     reload.clear()
                     self.reload()
                     next_drain = min(next_drain, time.monotonic() + self.cfg.interval)
-                for p in self.pipelines:
-                    self.symbolizer.processes.discover(p.program.take_active_pids())
                 now = time.monotonic()
                 if not self.cfg.targets.whole_host and now >= next_targets:
                     self._apply_targets()
@@ -278,6 +278,9 @@ class Agent:
         start_ns, self._window_start_ns = self._window_start_ns, end_ns
         series = []
         otlp: list[ProcessProfile] = []
+        for p in self.pipelines:
+            # processes the watcher's ring missed (it was full: new_pids_full)
+            self.symbolizer.processes.discover(p.program.take_active_pids())
         for p in self.pipelines:
             t0 = time.monotonic()
             sym_before = (self.symbolizer.stats.frames, self.symbolizer.stats.unknown_frames,

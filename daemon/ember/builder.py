@@ -80,7 +80,7 @@ class SampleBuilder:
         kind = KIND_OF[self.ptype.name]
         records = [r for r in records if r.kind == kind]
         procs = self.symbolizer.processes
-        procs.refresh({r.pid for r in records} | {r.peer_pid for r in records if r.peer_pid})
+        procs.touch({r.pid for r in records} | {r.peer_pid for r in records if r.peer_pid})
         samples = []
         for r in records:
             frames = self._stack(r.user, r.kernel, r.pid)

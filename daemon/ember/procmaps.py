@@ -184,6 +184,24 @@ class ProcessTable:
         with self._lock:
             return min(self._recheck.values(), default=None)
 
+    @property
+    def round(self) -> int:
+        return self._round
+
+    def touch(self, pids: Iterable[int]) -> None:
+        """Processes in this drain: keep the maps already read (the watcher
+        re-reads them at exec; the symbolizer when an address misses them),
+        read the ones not known yet."""
+        with self._lock:
+            new = []
+            for pid in set(pids):
+                entry = self._table.get(pid)
+                if entry is None:
+                    new.append(pid)
+                else:
+                    self._table[pid] = (entry[0], self._round)
+        self.refresh(new)
+
     def discover(self, pids: Iterable[int]) -> None:
         """Read the maps of PIDs not in the table yet (cheap to call often)."""
         with self._lock:
@@ -237,7 +255,7 @@ class ProcessWatcher:
     process living 30 ms is read while it lives."""
 
     def __init__(self, table: ProcessTable, wait: Callable[[float], list[int]],
-                 max_wait: float = 0.1):
+                 max_wait: float = 1.0):
         self.table = table
         self.wait = wait
         self.max_wait = max_wait

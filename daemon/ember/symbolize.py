@@ -146,6 +146,7 @@ class Symbolizer:
         self._frames: dict[int, tuple[Process | None, dict[tuple[int, bool],
                                                           tuple[Frame, int]]]] = {}
         self._kframes: dict[tuple[int, bool], Frame] = {}
+        self._reread: dict[int, int] = {}  # pid -> round its maps were last re-read on a miss
         self._vdso: ElfSymbols | None = None
         self._vdso_read = False
 
@@ -168,6 +169,17 @@ class Symbolizer:
                 unknown += hit[1]
                 continue
             entry = proc.find(ip) if proc else None
+            if entry is None and proc is not None and self._reread.get(pid) != self.processes.round:
+                # maps change without an exec (dlopen, JIT): read them again,
+                # once per drain and process
+                if len(self._reread) > 65536:
+                    self._reread.clear()
+                self._reread[pid] = self.processes.round
+                self.processes.refresh([pid])
+                fresh = self.processes.get(pid)
+                if fresh is not None and fresh is not proc:
+                    proc, memo = fresh, self._frame_memo(pid, fresh)
+                    entry = proc.find(ip)
             if entry is None:
                 unknown += 1
                 frames.append(Frame("[unknown]", FrameKind.USER, None, ip))
