@@ -5,7 +5,8 @@ The C++ runtime already ships the reference demangler, so it is called over
 ctypes rather than reimplemented. Rust's legacy symbols are Itanium names
 with a trailing hash (``17h<16 hex>E``) and ``$LT$``-style escapes: after
 the C++ demangler, the hash is dropped and the escapes undone, as
-rustc-demangle does. Rust's v0 scheme (``_R...``) is left mangled for now.
+rustc-demangle does. Rust's v0 scheme (``_R...``) has its own parser
+(rustv0.py).
 Without libstdc++ names are left as they are (still correct, only mangled).
 """
 
@@ -16,6 +17,8 @@ import ctypes.util
 import functools
 import re
 from typing import Any
+
+from .rustv0 import demangle_v0
 
 _RUST_HASH = re.compile(r"17h[0-9a-f]{16}E$")
 _RUST_ESCAPES = {"SP": "@", "BP": "*", "RF": "&", "LT": "<", "GT": ">", "LP": "(", "RP": ")",
@@ -42,7 +45,10 @@ def _runtime() -> tuple[Any, Any] | None:
 
 @functools.lru_cache(maxsize=65536)
 def demangle(name: str) -> str:
-    """The demangled form of an Itanium C++ ABI name; other names unchanged."""
+    """The demangled form of an Itanium C++ ABI or Rust name; other names
+    unchanged."""
+    if name.startswith("_R"):
+        return demangle_v0(name.split(".", 1)[0]) or name
     if not name.startswith("_Z"):
         return name
     rt = _runtime()
