@@ -7,7 +7,11 @@ The process is tests/fixtures/bin/cpp_names (executable, libstdc++, libc,
 libm, libgcc_s); the addresses are random points inside random functions of
 its executable mappings, taken from the objects' own symbol tables.
 
-    .venv/bin/python bench/symbolize.py [--addresses 20000]
+Also: the time to index libc cold (its symbol table and, from libc6-dbg,
+its separate debug file), and the memory of 200 distinct objects indexed
+(RSS growth of this process, and the cache's own estimate).
+
+    .venv/bin/python bench/symbolize.py [--addresses 20000] [--objects 200]
 """
 
 from __future__ import annotations
@@ -16,11 +20,44 @@ import argparse
 import random
 import subprocess
 import time
+from pathlib import Path
 
-from common import ROOT, need_root
+from common import ROOT, need_root, status_kb
 from ember.elfsym import ElfSymbols
 from ember.procmaps import ProcessTable
-from ember.symbolize import Symbolizer
+from ember.symbolize import ObjectCache, Symbolizer
+
+LIBC = Path("/usr/lib/x86_64-linux-gnu/libc.so.6")
+
+
+def libc_cold_ms(runs: int = 5) -> float:
+    """Median time to index libc from nothing (page cache warm)."""
+    times = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        _, obj = ObjectCache().open([LIBC])
+        times.append((time.perf_counter() - t0) * 1000)
+        assert obj is not None and len(obj) > 1000
+    return sorted(times)[len(times) // 2]
+
+
+def objects_memory(n: int) -> tuple[int, float, float]:
+    """(objects indexed, RSS growth MB, cache estimate MB) for n distinct
+    shared objects of the system."""
+    import os
+
+    cache = ObjectCache(max_bytes=1 << 40)
+    paths = sorted(p for p in Path("/usr/lib/x86_64-linux-gnu").glob("*.so*")
+                   if p.is_file() and not p.is_symlink())
+    before = status_kb(os.getpid(), "VmRSS")
+    done = 0
+    for p in paths:
+        if done == n:
+            break
+        _, obj = cache.open([p])
+        done += obj is not None
+    grown = (status_kb(os.getpid(), "VmRSS") - before) / 1024
+    return done, grown, cache.size_bytes() / (1 << 20)
 
 
 def addresses(pid: int, n: int, rng: random.Random) -> list[int]:
@@ -52,6 +89,7 @@ def rate(fn, addrs: list[int]) -> float:  # type: ignore[no-untyped-def]
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--addresses", type=int, default=20_000)
+    ap.add_argument("--objects", type=int, default=200)
     args = ap.parse_args()
     need_root()
     from bcc import BPF
@@ -94,6 +132,9 @@ def main() -> None:
     print(f"bcc   cold {bcc_cold:10.0f}/s   warm {bcc_warm:10.0f}/s")
     print(f"ratio ember/bcc: cold {ember_cold / bcc_cold:.2f}x, warm {ember_warm / bcc_warm:.2f}x")
     print(f"same function (offset into it) as bcc for {same} of 2000 checked")
+    print(f"libc indexed cold (with its debug file): {libc_cold_ms():.0f} ms")
+    n, rss, est = objects_memory(args.objects)
+    print(f"{n} distinct objects indexed: RSS +{rss:.0f} MB (cache estimate {est:.0f} MB)")
 
 
 if __name__ == "__main__":
