@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 
 import pytest
 
@@ -54,15 +55,16 @@ def test_oncpu_exact(start_workload) -> None:  # type: ignore[no-untyped-def]
     del w1, w2
 
 
-def test_offcpu_exact() -> None:
-    p = Program(offcpu_spec())
-    # a context-switch storm: two processes ping-ponging over a pipe
+def storm_drain(p: Program, cfg: abi.Config, attach: Callable[[], None]
+                ) -> tuple[int, int, int, dict[abi.Stat, int]]:
+    """Drain p every 20 ms for 3 s while two processes ping-pong over a pipe
+    (a context-switch storm); what was drained, and the kernel's counters."""
     storm = subprocess.Popen(["perf", "bench", "sched", "pipe", "-l", "2000000"],
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                              start_new_session=True)  # perf forks: kill the whole group
     try:
-        p.configure(config())
-        p.attach_sched_switch()
+        p.configure(cfg)
+        attach()
         events, ns, missing = drain_loop(p, 3)
         stats = p.stats()
     finally:
@@ -72,6 +74,12 @@ def test_offcpu_exact() -> None:
     assert events == stats[abi.Stat.COUNTED] > 10_000
     assert ns == stats[abi.Stat.COUNTED_NS]
     assert stats[abi.Stat.COUNTS_FULL] == 0 and missing == 0
+    return events, ns, missing, stats
+
+
+def test_offcpu_exact() -> None:
+    p = Program(offcpu_spec())
+    storm_drain(p, config(), p.attach_sched_switch)
 
 
 @pytest.mark.parametrize("sample_ns", [0, 1_000_000])
@@ -79,25 +87,12 @@ def test_offcpu_sampled_exact(sample_ns: int) -> None:
     """The sampled program under a switch storm: every block taken (0) or
     one in hundreds (1 ms). Weighted counts drained equal what the kernel
     counted, and no kernel stack is lost across the drains, though a chosen
-    block is counted at the thread's next system call exit, often an epoch
+    block is counted on its thread's way back to user space, often an epoch
     after its kernel stack was stored."""
     p = Program(offcpu_sampled_spec())
-    storm = subprocess.Popen(["perf", "bench", "sched", "pipe", "-l", "2000000"],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                             start_new_session=True)
-    try:
-        p.configure(abi.Config(stack_flags=abi.STACK_USER | abi.STACK_KERNEL,
-                               self_tgid=self_tgid(), sample_ns=sample_ns))
-        p.attach_sampled_offcpu()
-        events, ns, missing = drain_loop(p, 3)
-        stats = p.stats()
-    finally:
-        os.killpg(storm.pid, signal.SIGKILL)
-        storm.wait()
-        p.close()
-    assert events == stats[abi.Stat.COUNTED] > 10_000
-    assert ns == stats[abi.Stat.COUNTED_NS]
-    assert stats[abi.Stat.COUNTS_FULL] == 0 and missing == 0
+    _, _, _, stats = storm_drain(p, abi.Config(stack_flags=abi.STACK_USER | abi.STACK_KERNEL,
+                                               self_tgid=self_tgid(), sample_ns=sample_ns),
+                                 p.attach_sampled_offcpu)
     assert stats[abi.Stat.KERNEL_STACK_STALE] == 0
     assert stats[abi.Stat.KERNEL_STACK_COLLISION] == 0
     if sample_ns:
