@@ -109,11 +109,15 @@ def test_node_jit_frames_named_through_perf_map(tmp_path: Path) -> None:
         time.sleep(1)  # let the JIT optimise hotLoop
         profile, _ = record(RecordOptions(pids=(node.pid,), duration=2, frequency=499,
                                           kernel_stacks=False))
+        # JIT code of the script, named from the perf map: hotLoop, or the
+        # script's top level when V8 has inlined hotLoop into it (it does on
+        # a busy machine, where CI once saw 48% for hotLoop alone)
         hot = [s for s in profile.samples
-               if any("hotLoop" in f.name and f.mapping is not None
+               if any("hot.js" in f.name and f.mapping is not None
                       and f.mapping.path == "[perf-map]" for f in s.frames)]
         share = sum(s.values[0] for s in hot) / sum(s.values[0] for s in profile.samples)
         assert share > 0.6, share  # the rest: the JIT compiler threads, GC, startup
+        assert any("hotLoop" in f.name for s in hot for f in s.frames)
     finally:
         node.kill()
         node.wait()
