@@ -338,9 +338,9 @@ def drain(depth: int, seconds: float) -> Table:
 
 def accuracy(seconds: float) -> Table:
     sys.path.insert(0, str(ROOT / "tests"))
-    from bpf.helpers import inclusive, record, where
+    from bpf.helpers import inclusive, record, record_short_waits
 
-    from ember.record import Recorder, RecordOptions
+    from ember.record import RecordOptions
 
     rows = []
     for freq in (99, 999):
@@ -361,36 +361,17 @@ def accuracy(seconds: float) -> Table:
                      "/".join(f"{shares[k]:.1f}" for k in ("work_a", "work_b", "work_c")),
                      f"{err:.1f} points", "-"])
     for sample_us in (0, 1000, 10_000):
-        proc = subprocess.Popen([str(BIN / "short_waits"), str(seconds)], stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, text=True)
-        try:
-            assert proc.stdout is not None and proc.stdin is not None
-            pid = int(proc.stdout.readline().split()[1])
-            rec = Recorder(RecordOptions(mode="offcpu", pids=(pid,), duration=seconds + 1,
-                                         sample_us=sample_us))
-            rec.start()
-            proc.stdin.write("go\n")
-            proc.stdin.flush()
-            profile = rec.run(threading.Event())
-            _, short_ns, long_ns, short_n, _ = proc.stdout.readline().split()
-        finally:
-            proc.kill()
-            proc.wait()
-        waiter = where(profile, lambda s: s.thread_name == "waiter")
-
-        def est(fn: str, i: int, waiter: list = waiter) -> int:  # type: ignore[type-arg]
-            return sum(s.values[i] for s in waiter if any(f.name == fn for f in s.frames))
-
-        k = rec.stats.kernel
+        run = record_short_waits(BIN / "short_waits", sample_us, seconds)
+        k = run.kernel
+        short = run.estimate("wait_short", 1) / run.measured_ns["wait_short"]
+        long_ = run.estimate("wait_long", 1) / run.measured_ns["wait_long"]
+        count = run.estimate("wait_short", 0) / run.measured_blocks["wait_short"]
         label = f"off-CPU sampled at {sample_us} us" if sample_us else "off-CPU exact"
         rows.append([f"{label}: 20 us sleeps (time, count)",
-                     f"{est('wait_short', 1) / int(short_ns):.3f}, "
-                     f"{est('wait_short', 0) / int(short_n):.3f} of measured",
-                     f"{abs(est('wait_short', 1) / int(short_ns) - 1):.1%}",
+                     f"{short:.3f}, {count:.3f} of measured", f"{abs(short - 1):.1%}",
                      f"{k['sampled'] / max(1, k['events']):.1%}" if sample_us else "100%"])
-        rows.append([f"{label}: 10 ms sleeps (time)",
-                     f"{est('wait_long', 1) / int(long_ns):.3f} of measured",
-                     f"{abs(est('wait_long', 1) / int(long_ns) - 1):.1%}", ""])
+        rows.append([f"{label}: 10 ms sleeps (time)", f"{long_:.3f} of measured",
+                     f"{abs(long_ - 1):.1%}", ""])
     return (["workload and setting", "measured", "error", "blocks with stacks walked"], rows)
 
 

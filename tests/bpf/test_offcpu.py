@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import os
 import subprocess
-import threading
 import time
 
 import pytest
 
-from ember.record import Recorder, RecordOptions
+from ember.record import RecordOptions
 
-from .helpers import inclusive, record, where
+from .helpers import inclusive, record, record_short_waits, where
 
 pytestmark = pytest.mark.bpf
 
@@ -85,28 +84,9 @@ def test_duration_weighted_sampling_is_unbiased(fixture_bin, sample_us: int) -> 
     each: sampled at 1 ms, a short block is taken with probability ~0.08 and
     stands for ~12 blocks; the estimates must match what the program measured
     of itself, as the exact program's do."""
-    proc = subprocess.Popen([str(fixture_bin / "short_waits"), "3"], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout is not None and proc.stdin is not None
-        pid = int(proc.stdout.readline().split()[1])
-        rec = Recorder(RecordOptions(mode="offcpu", pids=(pid,), duration=4.0,
-                                     sample_us=sample_us))
-        rec.start()
-        proc.stdin.write("go\n")
-        proc.stdin.flush()
-        profile = rec.run(threading.Event())
-        _, short_ns, long_ns, short_n, long_n = proc.stdout.readline().split()
-        proc.wait(timeout=5)
-    finally:
-        proc.kill()
-    waiter = where(profile, lambda s: s.thread_name == "waiter")
-
-    def estimate(fn: str, index: int) -> int:
-        return sum(s.values[index] for s in waiter if any(f.name == fn for f in s.frames))
-
-    truth_short, truth_long = int(short_ns), int(long_ns)
-    est_short, est_long = estimate("wait_short", 1), estimate("wait_long", 1)
+    run = record_short_waits(fixture_bin / "short_waits", sample_us)
+    truth_short, truth_long = run.measured_ns["wait_short"], run.measured_ns["wait_long"]
+    est_short, est_long = run.estimate("wait_short", 1), run.estimate("wait_long", 1)
     share = 100 * est_short / (est_short + est_long)
     truth_share = 100 * truth_short / (truth_short + truth_long)
     assert abs(share - truth_share) <= 4, (share, truth_share)
@@ -114,9 +94,9 @@ def test_duration_weighted_sampling_is_unbiased(fixture_bin, sample_us: int) -> 
     assert 0.85 <= est_short / truth_short <= 1.08, (est_short, truth_short)
     assert 0.92 <= est_long / truth_long <= 1.05, (est_long, truth_long)
     # the number of blocks is estimated as well
-    assert 0.9 <= estimate("wait_short", 0) / int(short_n) <= 1.1
-    assert 0.95 <= estimate("wait_long", 0) / int(long_n) <= 1.05
-    k = rec.stats.kernel
+    assert 0.9 <= run.estimate("wait_short", 0) / run.measured_blocks["wait_short"] <= 1.1
+    assert 0.95 <= run.estimate("wait_long", 0) / run.measured_blocks["wait_long"] <= 1.05
+    k = run.kernel
     if sample_us:
         # and the cost: stacks were walked for a small part of the blocks
         assert k["sampled"] < 0.2 * k["events"], k
