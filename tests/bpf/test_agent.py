@@ -292,7 +292,9 @@ def test_memory_ceiling_shrinks_caches_and_keeps_naming(start_workload, tmp_path
         samples = [s for _, _, ss in stored_samples(c, "ember_cpu:cpu:nanoseconds:cpu:nanoseconds")
                    for s in ss]  # type: ignore[attr-defined]
         shares = inclusive(samples, ["work_a", "work_b", "work_c"], 0)
-        assert abs(shares["work_a"] - 35) <= 3, shares
+        odd = sorted({";".join(f.name for f in s.frames) for s in samples
+                      if not any(f.name.startswith("work_") for f in s.frames)})[:5]
+        assert abs(shares["work_a"] - 35) <= 3, (shares, odd)
     finally:
         c.close()
 
