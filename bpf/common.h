@@ -78,21 +78,28 @@ int ember_on_exec(u64 *ctx)
     return 0;
 }
 
-/* Add one event to the counts of key. */
-static __always_inline void ember_count(struct ember_key *key, u64 ns)
+/* Add n events (a sampled block stands for several) and ns to the counts of
+ * key; a full map counts them as dropped instead. */
+static __always_inline void ember_count_n(struct ember_key *key, u64 n, u64 ns)
 {
     struct ember_value zero = {};
     struct ember_value *val = ember_counts.lookup_or_try_init(key, &zero);
     if (!val) {
-        ember_stat_add(EMBER_STAT_COUNTS_FULL, 1);
+        ember_stat_add(EMBER_STAT_COUNTS_FULL, n);
         ember_stat_add(EMBER_STAT_COUNTS_FULL_NS, ns);
         return;
     }
-    __sync_fetch_and_add(&val->count, 1);
+    __sync_fetch_and_add(&val->count, n);
     if (ns)
         __sync_fetch_and_add(&val->total_ns, ns);
-    ember_stat_add(EMBER_STAT_COUNTED, 1);
+    ember_stat_add(EMBER_STAT_COUNTED, n);
     ember_stat_add(EMBER_STAT_COUNTED_NS, ns);
+}
+
+/* Add one event to the counts of key. */
+static __always_inline void ember_count(struct ember_key *key, u64 ns)
+{
+    ember_count_n(key, 1, ns);
 }
 
 #include "unwind_fp.h"

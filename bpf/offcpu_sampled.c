@@ -169,17 +169,7 @@ static __always_inline void ember_count_block(void *ctx, struct ember_config *cf
         }
     }
     bpf_get_current_comm(&key.comm, sizeof(key.comm));
-    struct ember_value zero = {};
-    struct ember_value *val = ember_counts.lookup_or_try_init(&key, &zero);
-    if (!val) {
-        ember_stat_add(EMBER_STAT_COUNTS_FULL, b->weight_count);
-        ember_stat_add(EMBER_STAT_COUNTS_FULL_NS, b->weight_ns);
-    } else {
-        __sync_fetch_and_add(&val->count, b->weight_count);
-        __sync_fetch_and_add(&val->total_ns, b->weight_ns);
-        ember_stat_add(EMBER_STAT_COUNTED, b->weight_count);
-        ember_stat_add(EMBER_STAT_COUNTED_NS, b->weight_ns);
-    }
+    ember_count_n(&key, b->weight_count, b->weight_ns);
     ember_note_pid(key.pid);
     b->weight_ns = 0;
 }
