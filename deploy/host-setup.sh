@@ -52,8 +52,11 @@ if [ $dev = 1 ]; then
     # linux-perf provides `perf bench sched pipe` for bench/; prometheus scrapes
     # the agent in the tests; openssl makes their TLS certificates; chromium
     # is the browser the web UI test drives (through Playwright); libc6-dbg is
-    # the real separate-debug-info subject of the symbolization tests.
-    packages+=(gcc g++ make golang-go linux-perf prometheus openssl chromium libc6-dbg)
+    # the real separate-debug-info subject of the symbolization tests;
+    # binutils' addr2line and llvm's llvm-symbolizer are the DWARF lines tests'
+    # references.
+    packages+=(gcc g++ make golang-go linux-perf prometheus openssl chromium libc6-dbg
+               binutils llvm)
 fi
 apt_install "${packages[@]}"
 

@@ -60,7 +60,8 @@ def stacks(req: svc.ExportProfilesServiceRequest, profile: pb.Profile
         names = []
         for li in d.stack_table[s.stack_index].location_indices:
             loc = d.location_table[li]
-            names.append(d.string_table[d.function_table[loc.lines[0].function_index]
-                                        .name_strindex])
+            for line in loc.lines:  # innermost (inlined) first, as the stack is leaf first
+                names.append(d.string_table[d.function_table[line.function_index]
+                                            .name_strindex])
         out.append((names[::-1], sum(s.values)))
     return out

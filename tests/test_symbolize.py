@@ -115,3 +115,27 @@ def test_vdso_named_from_our_own_copy(tmp_path: Path) -> None:
     write_proc(tmp_path, 9, f"{base:x}-{base + hi - lo:x} r-xp 00000000 00:00 0 [vdso]\n")
     [f] = Symbolizer(ProcessTable(ProcFS(tmp_path))).user_frames(9, [base + offset + 2])
     assert f.name == "clock_gettime" and f.mapping is not None and f.mapping.path == "[vdso]"
+
+
+def test_lines_and_inlined_frames(tmp_path: Path, fixture_bin: Path) -> None:
+    """With lines, an address in inlined code is one frame per function,
+    innermost first, all at the same address; the function itself keeps its
+    symbol-table name and gets its line; without lines, one frame as ever."""
+    exe = fixture_bin / "inline_lines"
+    write_proc(tmp_path, 42, "\n".join(maps_lines(exe, PIE_BASE)) + "\n")
+    table = ProcessTable(ProcFS(tmp_path))
+    work = nm(exe)["work"]
+    chains = {}
+    for off in range(0, 0x60):
+        frames = Symbolizer(table, lines=True).user_frames(42, [PIE_BASE + work + off])
+        chains[off] = [(f.name, f.line, f.inlined) for f in frames]
+        assert {f.address for f in frames} == {PIE_BASE + work + off}
+        assert all(f.file.endswith("inline_lines.c") for f in frames)
+    deepest = max(chains.values(), key=len)
+    assert [(n, i) for n, _, i in deepest] == [("scramble", True), ("mix", True), ("work", False)]
+    plain = Symbolizer(table).user_frames(42, [PIE_BASE + work + 0x52])
+    assert [(f.name, f.line, f.inlined) for f in plain] == [("work", 0, False)]
+    # the memo gives the same frames the second time
+    sym = Symbolizer(table, lines=True)
+    assert sym.user_frames(42, [PIE_BASE + work + 0x52]) == \
+        sym.user_frames(42, [PIE_BASE + work + 0x52])

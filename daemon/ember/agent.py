@@ -129,7 +129,8 @@ class Agent:
         self.state = AgentState()
         self.pipelines: list[Pipeline] = []
         self.symbolizer = Symbolizer(ProcessTable(procfs or ProcFS()), objects=ObjectCache(
-            max_bytes=int(cfg.memory_limit * SYMBOL_CACHE_SHARE), debug_dirs=cfg.debug_dirs))
+            max_bytes=int(cfg.memory_limit * SYMBOL_CACHE_SHARE), debug_dirs=cfg.debug_dirs),
+            lines=cfg.lines)
         self.governor = MemoryGovernor(
             cfg.memory_limit, [self.symbolizer.objects, self.symbolizer.memos(),
                                self.symbolizer.processes], self._shrunk)

@@ -90,6 +90,13 @@ def build_parser() -> argparse.ArgumentParser:
                           "bitmask of TASK_* bits (1 S, 2 D, ...); 0 means runnable "
                           "(preempted) only, as in bcc's offcputime")
     rec.add_argument("--include-self", action="store_true", help="profile ember itself too")
+    rec.add_argument("--lines", action="store_true",
+                     help="source files and lines (DWARF), with inlined functions as frames "
+                          "of their own; pprof output gets a Line per function in each "
+                          "Location")
+    rec.add_argument("--debug-dir", action="append", default=None,
+                     help="where separate debug files are (repeatable; default "
+                          "/usr/lib/debug)")
     rec.set_defaults(func=cmd_record)
 
     ag = sub.add_parser("agent", help="profile continuously and ship to a collector",
@@ -171,6 +178,9 @@ def build_parser() -> argparse.ArgumentParser:
     sy.add_argument("addresses", nargs="*", metavar="ADDR")
     sy.add_argument("--debug-dir", action="append", default=None,
                     help="where separate debug files live (default /usr/lib/debug; repeatable)")
+    sy.add_argument("--lines", action="store_true",
+                    help="after each address, its source lines from DWARF, innermost "
+                         "(inlined) function first, one indented line each")
     sy.set_defaults(func=cmd_symbolize)
 
     ref = sub.add_parser("config-reference", help="print the configuration reference")
@@ -225,6 +235,7 @@ def _write(path: str | None, data: bytes) -> None:
 
 
 def cmd_record(args: argparse.Namespace) -> int:
+    from .debuginfo import DEFAULT_DEBUG_DIRS
     from .encode.folded import encode_folded
     from .encode.pprof import encode_pprof
     from .record import Recorder, RecordOptions
@@ -234,7 +245,8 @@ def cmd_record(args: argparse.Namespace) -> int:
         kernel_stacks=args.kernel_stacks, user_stacks=args.user_stacks,
         min_block_us=args.min_block_us, max_block_us=args.max_block_us, state=args.state,
         sample_us=args.sample_us, sys_exit_hook=args.sys_exit_hook,
-        include_self=args.include_self,
+        include_self=args.include_self, lines=args.lines,
+        debug_dirs=tuple(args.debug_dir) if args.debug_dir else DEFAULT_DEBUG_DIRS,
     )
     options.validate()
     if args.format == "pprof" and args.output is None and sys.stdout.isatty():
@@ -405,6 +417,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
 
 def cmd_symbolize(args: argparse.Namespace) -> int:
     from .debuginfo import DEFAULT_DEBUG_DIRS
+    from .demangle import demangle
     from .errors import SymbolizationError
     from .ksyms import KernelSymbols
     from .model import KERNEL_MAPPING
@@ -444,6 +457,12 @@ def cmd_symbolize(args: argparse.Namespace) -> int:
             out.append(f"{addr:#x} {frame.name} {entry.path or '[anon]'}")
         else:
             out.append(f"{addr:#x} {named[0]}+{named[2]:#x} {entry.path}")
+            if args.lines:
+                chain = sym.source_lines(args.pid, entry, addr)
+                for i, sl in enumerate(chain):
+                    name = demangle(sl.function) if sl.function else named[0]
+                    inlined = " (inlined)" if i < len(chain) - 1 else ""
+                    out.append(f"  {name} {sl.file or '??'}:{sl.line}{inlined}")
     sys.stdout.write("".join(line + "\n" for line in out))
     return 0
 

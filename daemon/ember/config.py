@@ -154,6 +154,10 @@ class AgentConfig:
     debug_dirs: tuple[str, ...] = field(default=("/usr/lib/debug",), metadata=_opt(
         "Where separate debug files are looked up, by build id (.build-id/xx/rest.debug) "
         "and by .gnu_debuglink name (CRC checked), in this order.", "str_list"))
+    lines: bool = field(default=False, metadata=_opt(
+        "Source files and lines from DWARF, with inlined functions as frames of "
+        "their own (pprof Line entries). Parses debug info on the agent: more CPU and "
+        "memory (within the symbol cache's share of memory_limit).", "bool"))
     memory_limit: int = field(default=150 << 20, metadata=_opt(
         "The agent's memory ceiling (RSS). The symbol table cache gets a third of it; "
         "past 85% the caches shrink, counted in ember_memory_shrinks_total and "

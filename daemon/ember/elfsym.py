@@ -86,6 +86,10 @@ class ElfSymbols:
             if len(data) >= crc_at + 4:
                 self.debuglink_crc = int.from_bytes(data[crc_at:crc_at + 4],
                                                     "little" if elf.little_endian else "big")
+        # where this object's DWARF is: itself, or (set by the cache) its debug file
+        info = elf.get_section_by_name(".debug_info") or elf.get_section_by_name(".zdebug_info")
+        self.dwarf_path: str | None = (
+            self.path if info is not None and info["sh_type"] != "SHT_NOBITS" else None)
         symbols: list[Symbol] = []
         self.symbol_source = ""
         for name in (".symtab", ".dynsym"):

@@ -12,7 +12,8 @@
     ├── BpfError                    bpf            compiling, loading or attaching failed
     ├── ProcessGone                 process_gone   a process exited before we read it
     ├── SymbolizationError          symbolization  an object could not be read
-    │   └── ElfError                elf            malformed or unreadable ELF
+    │   ├── ElfError                elf            malformed or unreadable ELF
+    │   └── DwarfError              dwarf          no, malformed or unreadable DWARF
     ├── OutputError                 output         the output cannot be written (exit 2)
     └── ExportError                 export         a backend refused or could not be reached
         └── KubernetesError         kubernetes     the API server's pod list/watch failed
@@ -73,6 +74,10 @@ class SymbolizationError(EmberError):
 
 class ElfError(SymbolizationError):
     label = "elf"
+
+
+class DwarfError(SymbolizationError):
+    label = "dwarf"
 
 
 class OutputError(EmberError):

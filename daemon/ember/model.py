@@ -1,6 +1,9 @@
 """The profile model every encoder reads: frozen, hashable, bcc-free.
 
-Frames are ordered root first. A frame that could not be symbolized still
+Frames are ordered root first. A function inlined into another is a frame of
+its own (``inlined=True``) right after (leafwards of) the frame it was inlined
+into, at the same address; the pprof encoder folds such runs back into one
+Location with several Line entries. A frame that could not be symbolized still
 names what is known (``libfoo.so+0x1a2b``, ``[unknown]``); a stack that could
 not be captured is a synthetic frame (``[lost stack: collision]``), so no
 sample ever disappears from a profile.
@@ -47,6 +50,13 @@ class Frame:
     mapping: Mapping | None = None
     address: int = 0            # runtime address (0 for synthetic frames)
     system_name: str = ""       # the raw (mangled) symbol name, when different
+    # Source position (DWARF, only when lines are asked for): the line being
+    # executed in this function, or for a caller the line of the call.
+    file: str = ""
+    line: int = 0
+    # Inlined into the frame below it (towards the root): same address, same
+    # pprof Location, one Line entry each.
+    inlined: bool = False
 
     @classmethod
     def marker(cls, name: str, kind: FrameKind = FrameKind.SYNTHETIC) -> Frame:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from . import abi, host
 from .builder import MODE_OF, SampleBuilder
+from .debuginfo import DEFAULT_DEBUG_DIRS
 from .drain import Drainer, DrainStats
 from .errors import SymbolizationError, UsageError
 from .ksyms import KernelSymbols
@@ -33,7 +34,7 @@ from .model import (
     merge_samples,
 )
 from .procmaps import ProcessTable, ProcessWatcher, ProcFS
-from .symbolize import Symbolizer
+from .symbolize import ObjectCache, Symbolizer
 from .tracer import (
     Program,
     offcpu_sampled_spec,
@@ -66,6 +67,8 @@ class RecordOptions:
     drain_interval: float = 1.0
     maps_interval: float = 0.1     # how often new processes' maps are read
     include_self: bool = False
+    lines: bool = False            # DWARF source lines and inlined frames
+    debug_dirs: tuple[str, ...] = DEFAULT_DEBUG_DIRS
 
     def validate(self, proc: Path = Path("/proc")) -> None:
         if self.mode not in MODES:
@@ -125,7 +128,9 @@ class Recorder:
         self.stats = RecordStats()
         self._samples: list[Sample] = []
         self._closed = False
-        self.symbolizer = Symbolizer(ProcessTable(procfs or ProcFS()))
+        self.symbolizer = Symbolizer(ProcessTable(procfs or ProcFS()),
+                                     objects=ObjectCache(debug_dirs=options.debug_dirs),
+                                     lines=options.lines)
         self.builder = SampleBuilder(self.symbolizer, self.ptype)
         # off-CPU with duration-weighted sampling (offcpu_sampled.c); the
         # exact program (offcpu.c) for --sample-us 0 and the kinds that need

@@ -18,8 +18,9 @@ from pathlib import Path
 
 from .debuginfo import DEFAULT_DEBUG_DIRS, debug_file_for
 from .demangle import demangle
+from .dwarflines import DwarfLines, SourceLine
 from .elfsym import ElfSymbols
-from .errors import ElfError
+from .errors import DwarfError, ElfError
 from .ksyms import KernelSymbols
 from .model import KERNEL_MAPPING, Frame, FrameKind, Mapping
 from .perfmap import PerfMap
@@ -39,6 +40,7 @@ class SymbolizerStats:
     object_errors: int = 0
     debug_files: int = 0         # stripped objects named through a separate debug file
     replaced_objects: int = 0    # paths that now name another file than the mapped one
+    dwarf_errors: int = 0        # objects whose DWARF could not be read (no lines for them)
 
 
 class ObjectCache:
@@ -51,6 +53,7 @@ class ObjectCache:
         self.max_bytes = max_bytes
         self.debug_dirs = tuple(debug_dirs)
         self._lru: OrderedDict[ObjectKey, ElfSymbols | None] = OrderedDict()
+        self._dwarf: OrderedDict[str, DwarfLines | None] = OrderedDict()
         self._bytes = 0
         self.stats = SymbolizerStats()
 
@@ -80,7 +83,7 @@ class ObjectCache:
                 log.debug("%s", exc)
                 self.stats.object_errors += 1
                 obj = None
-            if obj is not None and obj.symbol_source != ".symtab":
+            if obj is not None and (obj.symbol_source != ".symtab" or obj.dwarf_path is None):
                 self._add_debug_symbols(obj, path)
             self._insert(key, obj)
             return key, obj
@@ -100,23 +103,53 @@ class ObjectCache:
         if len(syms) > len(obj):
             obj.adopt_symbols(syms)
             self.stats.debug_files += 1
+        if obj.dwarf_path is None:
+            obj.dwarf_path = syms.dwarf_path
+
+    def lines(self, obj: ElfSymbols) -> DwarfLines | None:
+        """The DWARF line and inline tables of an object (or of its debug
+        file), opened on first use and kept in the same byte budget."""
+        path = obj.dwarf_path
+        if path is None:
+            return None
+        if path in self._dwarf:
+            self._dwarf.move_to_end(path)
+            return self._dwarf[path]
+        try:
+            lines: DwarfLines | None = DwarfLines(path)
+        except DwarfError as exc:
+            log.debug("%s", exc)
+            self.stats.dwarf_errors += 1
+            lines = None
+        self._dwarf[path] = lines
+        self._evict()
+        return lines
 
     # memory.Shrinkable
     name = "symbol_tables"
 
     def size_bytes(self) -> int:
-        return self._bytes
+        return self._bytes + self._dwarf_bytes()
+
+    def _dwarf_bytes(self) -> int:
+        return sum(d.memory_size() if d else 64 for d in self._dwarf.values())
 
     def shrink(self, fraction: float) -> int:
         """Evict the least recently used tables down to (1 - fraction) of the
         current size, and keep the limit there: a cache that refilled at once
         would only thrash."""
-        before = self._bytes
+        before = self.size_bytes()
         self.max_bytes = max(1 << 20, int(before * (1 - fraction)))
         self._evict()
-        return before - self._bytes
+        return before - self.size_bytes()
 
     def _evict(self) -> None:
+        # DWARF tables first: they are the largest and only serve lines
+        if self._dwarf:
+            dwarf = self._dwarf_bytes()
+            while self._dwarf and self._bytes + dwarf > self.max_bytes:
+                _, d = self._dwarf.popitem(last=False)
+                dwarf -= d.memory_size() if d else 64
         while self._bytes > self.max_bytes and len(self._lru) > 1:
             _, old = self._lru.popitem(last=False)
             self._bytes -= old.memory_size() if old else 64
@@ -132,8 +165,11 @@ class ObjectCache:
 
 class Symbolizer:
     def __init__(self, processes: ProcessTable, kernel: KernelSymbols | None = None,
-                 objects: ObjectCache | None = None, memo_size: int = 1 << 18):
+                 objects: ObjectCache | None = None, memo_size: int = 1 << 18,
+                 lines: bool = False):
         self.processes = processes
+        # DWARF source lines and inlined functions (ember record --lines)
+        self.lines = lines
         self.kernel = kernel
         self.objects = objects or ObjectCache()
         self.stats = self.objects.stats
@@ -144,7 +180,7 @@ class Symbolizer:
             = {}
         self._perf_maps: dict[int, PerfMap] = {}
         self._frames: dict[int, tuple[Process | None, dict[tuple[int, bool],
-                                                          tuple[Frame, int]]]] = {}
+                                                          tuple[tuple[Frame, ...], int]]]] = {}
         self._kframes: dict[tuple[int, bool], Frame] = {}
         self._reread: dict[int, int] = {}  # pid -> round its maps were last re-read on a miss
         self._vdso: ElfSymbols | None = None
@@ -156,16 +192,18 @@ class Symbolizer:
     def user_frames(self, pid: int, ips: Sequence[int]) -> list[Frame]:
         """Frames for a user stack, in the order given (leaf first). Addresses
         after the first are return addresses: looked up one byte earlier so a
-        call that ends a function is attributed to its caller correctly."""
+        call that ends a function is attributed to its caller correctly.
+        With lines, an address inside inlined code gives several frames: the
+        innermost inlined function first, the function it is in last."""
         proc = self.processes.get(pid)
         memo = self._frame_memo(pid, proc)
-        frames = []
+        frames: list[Frame] = []
         unknown = self.stats.unknown_frames
         for i, ip in enumerate(ips):
             self.stats.frames += 1
             hit = memo.get((ip, i > 0))
             if hit is not None:
-                frames.append(hit[0])
+                frames.extend(hit[0])
                 unknown += hit[1]
                 continue
             entry = proc.find(ip) if proc else None
@@ -186,17 +224,19 @@ class Symbolizer:
                 continue
             before = self.stats.unknown_frames
             frame = self._user_frame(pid, entry, ip, ip - 1 if i else ip)
+            built = self._with_lines(pid, entry, frame, ip - 1 if i else ip) \
+                if self.lines and entry.file_backed else (frame,)
             missed = self.stats.unknown_frames - before
             self.stats.unknown_frames = before
             unknown += missed
-            frames.append(frame)
+            frames.extend(built)
             if entry.file_backed:  # JIT maps change under the same address
-                memo[(ip, i > 0)] = (frame, missed)
+                memo[(ip, i > 0)] = (built, missed)
         self.stats.unknown_frames = unknown
         return frames
 
     def _frame_memo(self, pid: int, proc: Process | None
-                    ) -> dict[tuple[int, bool], tuple[Frame, int]]:
+                    ) -> dict[tuple[int, bool], tuple[tuple[Frame, ...], int]]:
         """Frames already built for this process's current maps: stacks share
         most of their addresses, so each is symbolized once."""
         held = self._frames.get(pid)
@@ -236,6 +276,38 @@ class Symbolizer:
             self._memo.clear()
         self._memo[mk] = sym
         return sym
+
+    def source_lines(self, pid: int, entry: MapEntry, address: int) -> list[SourceLine]:
+        """DWARF lines of a runtime address inside entry, innermost first."""
+        _, obj = self._object(pid, entry)
+        if obj is None:
+            return []
+        vaddr = obj.vaddr_of_offset(address - entry.start + entry.offset)
+        dwarf = self.objects.lines(obj) if vaddr is not None else None
+        if dwarf is None or vaddr is None:
+            return []
+        return dwarf.lookup(vaddr)
+
+    def _with_lines(self, pid: int, entry: MapEntry, frame: Frame, lookup_ip: int
+                    ) -> tuple[Frame, ...]:
+        """frame with its source line, preceded by the functions inlined
+        into it at that address (innermost first)."""
+        if frame.mapping is None or not frame.mapping.has_functions:
+            return (frame,)
+        chain = self.source_lines(pid, entry, lookup_ip)
+        if not chain:
+            return (frame,)
+        outer = chain[-1]
+        out = [Frame(demangle(sl.function) if sl.function else "[inlined]", FrameKind.USER,
+                     frame.mapping, frame.address,
+                     sl.function if sl.function and demangle(sl.function) != sl.function else "",
+                     sl.file, sl.line, inlined=True)
+               for sl in chain[:-1]]
+        # the function itself keeps the symbol table's name: flame graphs
+        # with and without lines then merge the same frames
+        out.append(Frame(frame.name, frame.kind, frame.mapping, frame.address,
+                         frame.system_name, outer.file, outer.line))
+        return tuple(out)
 
     def _perf_map(self, pid: int) -> PerfMap:
         pm = self._perf_maps.get(pid)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -90,3 +91,45 @@ def test_programs_compile_with_warnings_as_errors() -> None:
     from ember.tracer import Program, offcpu_sampled_spec, offcpu_spec, oncpu_spec
     for spec in (oncpu_spec(), offcpu_spec(), offcpu_sampled_spec()):
         Program(spec, strict=True).close()
+
+
+def test_lines_and_inlined_frames_in_pprof(start_workload, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """ember record --lines on an -O2 program: the hot loop's samples land in
+    one Location per address whose Lines are scramble (inlined) at its loop,
+    mix (inlined) at the call of scramble, work at the call of mix; go tool
+    pprof reads them as inlined frames."""
+    src = Path(__file__).parents[1] / "fixtures" / "src" / "inline_lines.c"
+    marks = {m: n for n, text in enumerate(src.read_text().splitlines(), start=1)
+             for m in ("SCRAMBLE_FOR", "SCRAMBLE_LOOP", "SCRAMBLE_MUL", "MIX_CALL",
+                       "WORK_CALL")
+             if f"/* {m} */" in text}
+    w = start_workload("inline_lines")
+    out = tmp_path / "cpu.pb.gz"
+    r = subprocess.run([*EMBER, "record", "--pid", str(w.pid), "--duration", "3",
+                        "--frequency", "499", "--lines", "--format", "pprof", "-o", str(out)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    p = decode_pprof(out.read_bytes())
+    s = p.string_table
+    fn = {f.id: (s[f.name], s[f.filename]) for f in p.function}
+    locs = {loc.id: [(*fn[ln.function_id], ln.line) for ln in loc.line] for loc in p.location}
+    total = inlined = 0
+    for sample in p.sample:
+        leaf = locs[sample.location_id[0]]
+        total += sample.value[0]
+        if ([(name, line) for name, _, line in leaf[1:]]
+                == [("mix", marks["MIX_CALL"]), ("work", marks["WORK_CALL"])]
+                and leaf[0][0] == "scramble"
+                and leaf[0][2] in (marks["SCRAMBLE_FOR"], marks["SCRAMBLE_LOOP"],
+                                   marks["SCRAMBLE_MUL"])
+                and all(file == str(src.resolve()) for _, file, _ in leaf)):
+            inlined += sample.value[0]
+    assert total > 0.8 * 3 * 499
+    assert inlined >= 0.9 * total, (inlined, total, sorted(locs.values())[:10])
+    env = {**os.environ, "HOME": str(tmp_path), "GOCACHE": str(tmp_path / "gocache"),
+           "PPROF_TMPDIR": str(tmp_path)}
+    top = subprocess.run(["go", "tool", "pprof", "-traces", str(out)],
+                         capture_output=True, text=True, timeout=120, env=env)
+    assert top.returncode == 0, top.stderr
+    assert re.search(r"scramble\s*\(inline\)", top.stdout), top.stdout[:2000]
+    assert re.search(r"mix\s*\(inline\)", top.stdout), top.stdout[:2000]

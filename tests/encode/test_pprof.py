@@ -61,3 +61,32 @@ def test_offcpu_profile_fields() -> None:
 def test_decode_accepts_plain_bytes() -> None:
     data = encode_pprof(cpu_profile())
     assert decode_pprof(gzip.decompress(data)) == decode_pprof(data)
+
+
+def test_inlined_frames_share_one_location_with_lines() -> None:
+    """Frames inlined into work (same address) become Line entries of its
+    Location, innermost first; from_proto gives the same frames back."""
+    from dataclasses import replace
+
+    from ember.encode.pprof import from_proto, to_proto
+    from ember.model import Profile, Sample, cpu_type
+
+    from .sample_profiles import MAIN
+
+    src = "/src/app.c"
+    work = replace(MAIN, name="work", address=0x400300, file=src, line=33)
+    mix = replace(work, name="mix", line=26, inlined=True)
+    scramble = replace(work, name="scramble", line=19, inlined=True)
+    main = replace(MAIN, file=src, line=50)
+    frames = (main, work, mix, scramble)  # root first
+    profile = Profile(cpu_type(100), (Sample(frames, (5, 50_000_000), 1, 1, "app"),),
+                      start_ns=0, duration_ns=1)
+    p = to_proto(profile)
+    s = p.string_table
+    assert len(p.location) == 2 and len(p.sample[0].location_id) == 2
+    leaf = next(loc for loc in p.location if loc.id == p.sample[0].location_id[0])
+    fn = {f.id: (s[f.name], s[f.filename]) for f in p.function}
+    assert [(*fn[ln.function_id], ln.line) for ln in leaf.line] == [
+        ("scramble", src, 19), ("mix", src, 26), ("work", src, 33)]
+    _, samples = from_proto(p)
+    assert samples[0].frames == frames

@@ -55,7 +55,7 @@ class _Tables:
         self.strings: dict[str, int] = {}
         self.functions: dict[tuple[str, str, str], int] = {}
         self.mappings: dict[tuple[int, int, int, str], int] = {}
-        self.locations: dict[tuple[int, int, int], int] = {}
+        self.locations: dict[tuple[int, int, tuple[tuple[int, int], ...]], int] = {}
         self.stacks: dict[tuple[int, ...], int] = {}
         self.attributes: dict[tuple[str, str], int] = {}
         self.string("")
@@ -87,7 +87,7 @@ class _Tables:
         return i
 
     def function(self, f: Frame) -> int:
-        filename = f.mapping.path if f.mapping else ""
+        filename = f.file or (f.mapping.path if f.mapping else "")
         key = (f.name, f.system_name or f.name, filename)
         i = self.functions.get(key)
         if i is None:
@@ -97,19 +97,31 @@ class _Tables:
                                       filename_strindex=self.string(filename))
         return i
 
-    def location(self, f: Frame) -> int:
+    def location(self, group: Sequence[Frame]) -> int:
+        """A frame and the frames inlined into it, innermost first."""
+        f = group[-1]
         mi = self.mapping(f.mapping) if f.mapping else 0
-        fi = self.function(f)
-        key = (mi, f.address, fi)
+        lines = tuple((self.function(g), g.line) for g in group)
+        key = (mi, f.address, lines)
         i = self.locations.get(key)
         if i is None:
             i = self.locations[key] = len(self.d.location_table)
             loc = self.d.location_table.add(mapping_index=mi, address=f.address)
-            loc.lines.add(function_index=fi)
+            for fi, line in lines:
+                loc.lines.add(function_index=fi, line=line)
         return i
 
     def stack(self, frames: Sequence[Frame]) -> int:
-        key = tuple(self.location(f) for f in reversed(frames))  # leaf first
+        ids: list[int] = []
+        group: list[Frame] = []
+        for f in reversed(frames):  # leaf first: inlined frames before their host
+            group.append(f)
+            if not f.inlined:
+                ids.append(self.location(group))
+                group = []
+        if group:
+            ids.append(self.location(group))
+        key = tuple(ids)
         i = self.stacks.get(key)
         if i is None:
             i = self.stacks[key] = len(self.d.stack_table)

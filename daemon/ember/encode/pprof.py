@@ -47,8 +47,8 @@ def to_proto_with_mappings(profile: Profile) -> tuple[pb.Profile, list[Mapping]]
         p.comment.append(st(c))
 
     mappings: dict[Mapping, int] = {}
-    functions: dict[tuple[str, str], int] = {}
-    locations: dict[tuple[Mapping | None, int, str], int] = {}
+    functions: dict[tuple[str, str, str], int] = {}
+    locations: dict[tuple[Mapping | None, int, tuple[tuple[str, str, str, int], ...]], int] = {}
 
     def mapping_id(m: Mapping) -> int:
         mid = mappings.get(m)
@@ -60,27 +60,44 @@ def to_proto_with_mappings(profile: Profile) -> tuple[pb.Profile, list[Mapping]]
         return mid
 
     def function_id(f: Frame) -> int:
-        key = (f.name, f.system_name)
+        key = (f.name, f.system_name, f.file)
         fid = functions.get(key)
         if fid is None:
             fid = functions[key] = len(p.function) + 1
-            p.function.add(id=fid, name=st(f.name), system_name=st(f.system_name or f.name))
+            p.function.add(id=fid, name=st(f.name), system_name=st(f.system_name or f.name),
+                           filename=st(f.file))
         return fid
 
-    def location_id(f: Frame) -> int:
-        key = (f.mapping, f.address, f.name)
+    def location_id(group: list[Frame]) -> int:
+        """One Location for a frame and the frames inlined into it (group
+        is innermost first, as Location.line lists them)."""
+        f = group[-1]
+        key = (f.mapping, f.address, tuple((g.name, g.system_name, g.file, g.line)
+                                           for g in group))
         lid = locations.get(key)
         if lid is None:
             loc = pb.Location(id=len(p.location) + 1, address=f.address,
                               mapping_id=mapping_id(f.mapping) if f.mapping else 0)
-            loc.line.add(function_id=function_id(f))
+            for g in group:
+                loc.line.add(function_id=function_id(g), line=g.line)
             lid = locations[key] = loc.id
             p.location.append(loc)
         return lid
 
+    def location_ids(frames: tuple[Frame, ...]) -> list[int]:
+        ids = []
+        group: list[Frame] = []
+        for f in reversed(frames):  # leaf first: inlined frames come before their host
+            group.append(f)
+            if not f.inlined:
+                ids.append(location_id(group))
+                group = []
+        if group:  # inlined frames without a host frame (should not happen)
+            ids.append(location_id(group))
+        return ids
+
     for s in profile.samples:
-        sample = p.sample.add(value=list(s.values),
-                              location_id=[location_id(f) for f in reversed(s.frames)])
+        sample = p.sample.add(value=list(s.values), location_id=location_ids(s.frames))
         sample.label.add(key=st("pid"), num=s.pid)
         sample.label.add(key=st("tid"), num=s.tid)
         sample.label.add(key=st("thread_name"), str=st(s.thread_name))
@@ -107,7 +124,7 @@ def from_proto(p: pb.Profile) -> tuple[ProfileType, list[Sample]]:
     s = p.string_table
     mappings = {m.id: Mapping(m.memory_start, m.memory_limit, m.file_offset, s[m.filename],
                               s[m.build_id], m.has_functions) for m in p.mapping}
-    functions = {f.id: (s[f.name], s[f.system_name]) for f in p.function}
+    functions = {f.id: (s[f.name], s[f.system_name], s[f.filename]) for f in p.function}
     frames: dict[int, list[Frame]] = {}
     for loc in p.location:
         mapping = mappings.get(loc.mapping_id)
@@ -118,10 +135,12 @@ def from_proto(p: pb.Profile) -> tuple[ProfileType, list[Sample]]:
         else:
             kind = FrameKind.USER
         out = []
-        for line in loc.line:  # innermost (inlined) first
-            name, system = functions.get(line.function_id, ("", ""))
+        last = len(loc.line) - 1
+        for i, line in enumerate(loc.line):  # innermost (inlined) first
+            name, system, file = functions.get(line.function_id, ("", "", ""))
             out.append(Frame(name or f"{loc.address:#x}", kind, mapping, loc.address,
-                             system if system != name else ""))
+                             system if system != name else "", file, line.line,
+                             inlined=i < last))
         if not out:
             out.append(Frame(f"{loc.address:#x}", kind, mapping, loc.address))
         frames[loc.id] = out
