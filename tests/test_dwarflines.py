@@ -77,7 +77,7 @@ def test_inlined_chain_of_the_hot_loop(fixture_bin: Path) -> None:
     exe = fixture_bin / "inline_lines"
     lines = DwarfLines(exe)
     elf = ElfSymbols(exe)
-    start = next(s for s, n in zip(elf._starts, elf._names, strict=True) if n == "work")
+    start = next(f.start for f in elf.functions() if f.name == "work")
     chains = [lines.lookup(a) for a in instructions(exe, {"work"})]
     want = [("scramble", marked_line("SCRAMBLE_MUL")), ("mix", marked_line("MIX_CALL")),
             ("work", marked_line("WORK_CALL"))]
@@ -135,7 +135,7 @@ def test_libc_debug_file_agrees_with_llvm_symbolizer() -> None:
         pytest.skip("libc6-dbg is not installed (deploy/host-setup.sh --dev installs it)")
     syms = ElfSymbols(debug)
     rng = random.Random(4)
-    spans = [(s, e) for s, e in zip(syms._starts, syms._ends, strict=True) if e - s > 4]
+    spans = [(f.start, f.start + f.size) for f in syms.functions() if f.size > 4]
     addrs = sorted({s + rng.randrange(e - s) for s, e in rng.sample(spans, 400)})
     truth = llvm_symbolizer(debug, addrs)
     dwarf = DwarfLines(debug)

@@ -113,3 +113,41 @@ def test_fuzz_mutated_elf(tmp_path_factory: pytest.TempPathFactory, data: st.Dat
         return
     elf.lookup(0x1000)
     elf.vaddr_of_offset(0x1000)
+
+
+def _system_objects(n: int) -> list[Path]:
+    libs = sorted(p for p in Path("/usr/lib/x86_64-linux-gnu").glob("*.so*")
+                  if p.is_file() and not p.is_symlink())
+    return libs[:: max(1, len(libs) // n)][:n]
+
+
+def test_fast_reader_matches_pyelftools(fixture_bin: Path) -> None:
+    """The struct/NumPy reader of 64-bit little-endian objects gives what the
+    pyelftools path gives: segments, build id, debuglink, DWARF, symbols."""
+    from ember.elfsym import _load_elf64le
+
+    paths = [fixture_bin / n for n in ("cpu_shares", "pie_main", "libember_demo.so",
+                                       "cpp_names", "inline_lines")] + _system_objects(40)
+    for path in paths:
+        fast = ElfSymbols(path)
+        slow = ElfSymbols.__new__(ElfSymbols)
+        slow.path = str(path)
+        with open(path, "rb") as f:
+            slow._load_pyelftools(f)
+        for attr in ("elf_type", "segments", "build_id", "debuglink", "debuglink_crc",
+                     "dwarf_path", "symbol_source"):
+            assert getattr(fast, attr) == getattr(slow, attr), (path, attr)
+        assert fast.functions() == slow.functions(), path
+        with open(path, "rb") as f:
+            probe = ElfSymbols.__new__(ElfSymbols)
+            probe.path = str(path)
+            assert _load_elf64le(probe, f), path
+
+
+def test_batch_lookup_matches_single(fixture_bin: Path) -> None:
+    elf = ElfSymbols(fixture_bin / "cpp_names")
+    rng = random.Random(3)
+    hi = max(f.start + f.size for f in elf.functions()) + 64
+    addrs = [rng.randrange(0, hi) for _ in range(5000)] + [0, 2**64 - 1]
+    assert elf.lookup_many(addrs) == [elf.lookup(a) for a in addrs]
+    assert sum(hit is not None for hit in elf.lookup_many(addrs)) > 100

@@ -107,8 +107,8 @@ def test_vdso_named_from_our_own_copy(tmp_path: Path) -> None:
     lo, hi = (int(x, 16) for x in own.split()[0].split("-"))
     sym = Symbolizer(ProcessTable())
     vdso = sym._vdso_symbols()
-    assert vdso is not None and "clock_gettime" in vdso._names
-    start = vdso._starts[vdso._names.index("clock_gettime")]
+    assert vdso is not None
+    start = next(f.start for f in vdso.functions() if f.name == "clock_gettime")
     text = next(s for s in vdso.segments if s.executable)
     offset = start - text.vaddr + text.offset
     base = 0x7FFE00000000  # another process maps it elsewhere
@@ -139,3 +139,22 @@ def test_lines_and_inlined_frames(tmp_path: Path, fixture_bin: Path) -> None:
     sym = Symbolizer(table, lines=True)
     assert sym.user_frames(42, [PIE_BASE + work + 0x52]) == \
         sym.user_frames(42, [PIE_BASE + work + 0x52])
+
+
+def test_prefetch_batches_lookups_and_changes_nothing(tmp_path: Path, fixture_bin: Path) -> None:
+    """prefetch looks the new addresses up in one batch per object; the
+    frames built afterwards are the ones built without it."""
+    table = ProcessTable(fixture_proc(tmp_path, fixture_bin))
+    exe, lib = nm(fixture_bin / "pie_main"), nm(fixture_bin / "libember_demo.so")
+    stacks = [[LIB_BASE + lib["lib_spin"] + k, LIB_BASE + lib["lib_burn"] + 9,
+               PIE_BASE + exe["main"] + 30 + k, 0x10] for k in range(1, 20)]
+    plain = Symbolizer(table)
+    batched = Symbolizer(table)
+    looked_up = batched.prefetch([(42, s) for s in stacks])
+    # 19 distinct leaf and main addresses, one lib_burn address; [unknown] is left
+    # to user_frames
+    assert looked_up == 19 + 19 + 1
+    assert batched.prefetch([(42, s) for s in stacks]) == 0  # now memoized
+    for s in stacks:
+        assert batched.user_frames(42, s) == plain.user_frames(42, s)
+    assert batched.stats.unknown_frames == plain.stats.unknown_frames

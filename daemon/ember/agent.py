@@ -56,6 +56,7 @@ from .series import (
 from .shipper import OTLP, Endpoint, Shipper, otlp_profiles_in, profiles_in
 from .spool import Spool
 from .symbolize import ObjectCache, Symbolizer
+from .symcache import DiskSymbolCache
 from .targets import TargetResolver
 from .tracer import (
     Program,
@@ -129,8 +130,10 @@ class Agent:
         self.state = AgentState()
         self.pipelines: list[Pipeline] = []
         self.symbolizer = Symbolizer(ProcessTable(procfs or ProcFS()), objects=ObjectCache(
-            max_bytes=int(cfg.memory_limit * SYMBOL_CACHE_SHARE), debug_dirs=cfg.debug_dirs),
+            max_bytes=int(cfg.memory_limit * SYMBOL_CACHE_SHARE), debug_dirs=cfg.debug_dirs,
+            disk=_disk_cache(cfg)),
             lines=cfg.lines)
+        self._disk_seen: dict[str, int] = {}
         self.governor = MemoryGovernor(
             cfg.memory_limit, [self.symbolizer.objects, self.symbolizer.memos(),
                                self.symbolizer.processes], self._shrunk)
@@ -324,6 +327,11 @@ class Agent:
             m.unknown_ratio.set(unknown / frames if frames else 0)
             m.cache_hits.inc(st.cache_hits - sym_before[2])
             m.cache_misses.inc(st.cache_misses - sym_before[3])
+            if (disk := self.symbolizer.objects.disk) is not None:
+                for outcome in ("hits", "misses", "stored", "errors", "evicted"):
+                    now = getattr(disk.stats, outcome)
+                    m.disk_cache.labels(outcome).inc(now - self._disk_seen.get(outcome, 0))
+                    self._disk_seen[outcome] = now
             m.drain_seconds.labels(p.kind).observe(time.monotonic() - t0)
         for req in batch_requests(series, MAX_REQUEST_BYTES):
             dropped = self.spool.put(req.SerializeToString())
@@ -476,3 +484,13 @@ class Agent:
 
     def _serve_http(self) -> None:
         self._http = serve(self.cfg.metrics_listen, self.route, "metrics_listen")
+
+
+def _disk_cache(cfg: config.AgentConfig) -> DiskSymbolCache | None:
+    if not cfg.symbol_cache_dir:
+        return None
+    try:
+        return DiskSymbolCache(cfg.symbol_cache_dir, cfg.symbol_cache_size)
+    except OSError as exc:
+        raise ConfigError(f"agent.symbol_cache_dir: cannot use {cfg.symbol_cache_dir}: "
+                          f"{exc.strerror or exc}") from exc

@@ -158,6 +158,13 @@ class AgentConfig:
         "Source files and lines from DWARF, with inlined functions as frames of "
         "their own (pprof Line entries). Parses debug info on the agent: more CPU and "
         "memory (within the symbol cache's share of memory_limit).", "bool"))
+    symbol_cache_dir: str = field(default="", metadata=_opt(
+        "Keep indexed symbol tables on disk here, by build id, so a restarted agent "
+        "does not index every object again; empty: no disk cache. The systemd unit "
+        "provides /var/cache/ember (CacheDirectory) for /var/cache/ember/symbols.", "str"))
+    symbol_cache_size: int = field(default=256 << 20, metadata=_opt(
+        "Bound of symbol_cache_dir; least recently used files are deleted past it.",
+        "size", 1 << 20, 64 << 30))
     memory_limit: int = field(default=150 << 20, metadata=_opt(
         "The agent's memory ceiling (RSS). The symbol table cache gets a third of it; "
         "past 85% the caches shrink, counted in ember_memory_shrinks_total and "

@@ -1,9 +1,10 @@
 """Function symbols of one ELF object, for address -> name lookups.
 
 pyelftools reads the headers, sections and notes; the symbol tables of 64-bit
-little-endian objects are then unpacked in bulk with ``struct.iter_unpack``
-(pyelftools builds a Python object per symbol, ~50 times slower). Symbols go
-into sorted arrays searched with bisect.
+little-endian objects are then read as one NumPy structured array
+(pyelftools builds a Python object per symbol, ~50 times slower), filtered,
+sorted and deduplicated with vectorized operations into a ``SymbolIndex``:
+sorted arrays of starts, ends and name offsets, names decoded on lookup.
 
 Addresses are ELF virtual addresses: callers convert a runtime address with
 the mapping (``file offset = addr - map.start + map.offset``) and
@@ -15,9 +16,14 @@ from __future__ import annotations
 
 import bisect
 import struct
+from array import array
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
+
+import numpy as np
+import numpy.typing as npt
 
 from .errors import ElfError
 
@@ -27,7 +33,8 @@ STB_LOCAL = 0
 SHN_UNDEF = 0
 PT_LOAD = 1
 PF_X = 1
-_SYM64 = struct.Struct("<IBBHQQ")
+_SYM64 = np.dtype([("name", "<u4"), ("info", "u1"), ("other", "u1"), ("shndx", "<u2"),
+                   ("value", "<u8"), ("size", "<u8")])
 _ELF_TYPES = {"ET_REL": 1, "ET_EXEC": 2, "ET_DYN": 3, "ET_CORE": 4}
 
 
@@ -50,8 +57,12 @@ class Symbol:
 class ElfSymbols:
     """Symbols (.symtab, else .dynsym), load segments and build-id of one object."""
 
-    def __init__(self, path: Path | str, fileobj: BinaryIO | None = None):
+    def __init__(self, path: Path | str, fileobj: BinaryIO | None = None,
+                 symbols: bool = True):
+        """symbols=False reads only the headers (segments, build id, links)
+        of a 64-bit little-endian object: the caller has its symbols."""
         self.path = str(path)
+        self._want_symbols = symbols
         try:
             if fileobj is None:
                 with open(path, "rb") as f:
@@ -66,6 +77,14 @@ class ElfSymbols:
             raise ElfError(f"{path}: malformed ELF: {exc}") from exc
 
     def _load(self, f: BinaryIO) -> None:
+        ident = f.read(6)
+        f.seek(0)
+        if ident[:4] == b"\x7fELF" and ident[4:6] == b"\x02\x01" and _load_elf64le(self, f):
+            return
+        self._load_pyelftools(f)
+
+    def _load_pyelftools(self, f: BinaryIO) -> None:
+        """Any ELF class and byte order; slow (a Python object per header)."""
         from elftools.elf.elffile import ELFFile
 
         elf = ELFFile(f)
@@ -90,42 +109,24 @@ class ElfSymbols:
         info = elf.get_section_by_name(".debug_info") or elf.get_section_by_name(".zdebug_info")
         self.dwarf_path: str | None = (
             self.path if info is not None and info["sh_type"] != "SHT_NOBITS" else None)
-        symbols: list[Symbol] = []
         self.symbol_source = ""
+        index: SymbolIndex | None = None
         for name in (".symtab", ".dynsym"):
             sec = elf.get_section_by_name(name)
             if sec is None or sec["sh_type"] == "SHT_NOBITS":
                 continue
-            symbols = _read_symbols(elf, sec)
-            if symbols:
+            index = _read_symbols(elf, sec)
+            if len(index):
                 self.symbol_source = name
                 break
-        self._index(symbols)
-
-    def _index(self, symbols: list[Symbol]) -> None:
-        # One symbol per address: the largest, then the shortest name (aliases).
-        symbols.sort(key=lambda s: (s.start, -s.size, len(s.name)))
-        starts: list[int] = []
-        ends: list[int] = []
-        names: list[str] = []
-        for s in symbols:
-            if starts and starts[-1] == s.start:
-                continue
-            starts.append(s.start)
-            ends.append(s.start + s.size)
-            names.append(s.name)
-        # A zero-sized symbol covers up to the next one.
-        for i, end in enumerate(ends):
-            if end == starts[i]:
-                ends[i] = starts[i + 1] if i + 1 < len(starts) else starts[i] + 1
-        self._starts, self._ends, self._names = starts, ends, names
+        self.index = index if index is not None else SymbolIndex.empty()
 
     def __len__(self) -> int:
-        return len(self._starts)
+        return len(self.index)
 
     def adopt_symbols(self, debug: ElfSymbols) -> None:
         """Use a separate debug file's symbols (same virtual addresses)."""
-        self._starts, self._ends, self._names = debug._starts, debug._ends, debug._names
+        self.index = debug.index
         self.symbol_source = f"{debug.symbol_source} of {debug.path}"
 
     @property
@@ -141,17 +142,257 @@ class ElfSymbols:
 
     def lookup(self, vaddr: int) -> tuple[str, int] | None:
         """(symbol name, offset into it) for an ELF virtual address."""
-        i = bisect.bisect_right(self._starts, vaddr) - 1
-        if i < 0 or vaddr >= self._ends[i]:
-            return None
-        return self._names[i], vaddr - self._starts[i]
+        return self.index.lookup(vaddr)
 
-    def lookup_many(self, vaddrs: list[int]) -> list[tuple[str, int] | None]:
-        return [self.lookup(v) for v in vaddrs]
+    def lookup_many(self, vaddrs: Sequence[int]) -> list[tuple[str, int] | None]:
+        return self.index.lookup_many(vaddrs)
+
+    def functions(self) -> list[Symbol]:
+        """Every indexed function: (name, start, size), by address."""
+        return self.index.functions()
 
     def memory_size(self) -> int:
         """Approximate bytes held, for the cache's budget."""
-        return 64 * len(self._starts) + sum(len(n) for n in self._names)
+        return 512 + self.index.memory_size()
+
+
+class SymbolIndex:
+    """Function symbols as three sorted arrays (start, end, name offset into
+    a string table kept as bytes). Names are decoded when looked up, so
+    indexing a symbol table is a few vectorized NumPy operations however
+    large it is; single lookups bisect a compact array('Q'), batches go
+    through numpy.searchsorted.
+
+    One entry per address: the largest symbol there, then the shortest name
+    (aliases such as __GI_memcpy/memcpy). A zero-sized symbol covers up to
+    the next one.
+    """
+
+    __slots__ = ("_ends", "_names", "_np_ends", "_np_starts", "_starts", "_strtab")
+
+    def __init__(self, starts: npt.NDArray[np.uint64], ends: npt.NDArray[np.uint64],
+                 name_offsets: npt.NDArray[np.uint32], strtab: bytes):
+        self._starts = array("Q", starts.astype(np.uint64).tobytes())
+        self._ends = array("Q", ends.astype(np.uint64).tobytes())
+        self._names = array("I", name_offsets.astype(np.uint32).tobytes())
+        self._strtab = strtab
+        self._np_starts = np.frombuffer(self._starts, dtype=np.uint64)
+        self._np_ends = np.frombuffer(self._ends, dtype=np.uint64)
+
+    @classmethod
+    def empty(cls) -> SymbolIndex:
+        z = np.zeros(0, dtype=np.uint64)
+        return cls(z, z, np.zeros(0, dtype=np.uint32), b"")
+
+    @classmethod
+    def build(cls, values: npt.NDArray[np.uint64], sizes: npt.NDArray[np.uint64],
+              name_offsets: npt.NDArray[np.uint32], strtab: bytes) -> SymbolIndex:
+        """From unsorted symbols whose names are NUL-terminated in strtab."""
+        if not len(values):
+            return cls.empty()
+        tab = np.frombuffer(strtab, dtype=np.uint8)
+        nuls = np.flatnonzero(tab == 0)
+        if len(nuls):
+            at = np.searchsorted(nuls, name_offsets)
+            ends_of_names = np.where(at < len(nuls), nuls[np.minimum(at, len(nuls) - 1)],
+                                     len(tab))
+        else:
+            ends_of_names = np.full(len(name_offsets), len(tab))
+        lengths = ends_of_names.astype(np.int64) - name_offsets.astype(np.int64)
+        keep = lengths > 0
+        values, sizes, name_offsets, lengths = (values[keep], sizes[keep], name_offsets[keep],
+                                                lengths[keep])
+        order = np.lexsort((lengths, -sizes.astype(np.int64), values))  # last key first
+        values, sizes, name_offsets = values[order], sizes[order], name_offsets[order]
+        first = np.ones(len(values), dtype=bool)
+        first[1:] = values[1:] != values[:-1]
+        starts, sizes, name_offsets = values[first], sizes[first], name_offsets[first]
+        ends = starts + sizes
+        nxt = np.empty_like(starts)
+        nxt[:-1] = starts[1:]
+        if len(starts):
+            nxt[-1] = starts[-1] + 1
+        ends = np.where(sizes == 0, nxt, ends)
+        return cls(starts, ends, name_offsets, strtab)
+
+    @classmethod
+    def from_symbols(cls, symbols: list[Symbol]) -> SymbolIndex:
+        blob = bytearray(b"\0")
+        offsets = []
+        for sym in symbols:
+            offsets.append(len(blob))
+            blob += sym.name.encode("utf-8", "replace") + b"\0"
+        return cls.build(np.array([s.start for s in symbols], dtype=np.uint64),
+                         np.array([s.size for s in symbols], dtype=np.uint64),
+                         np.array(offsets, dtype=np.uint32), bytes(blob))
+
+    def __len__(self) -> int:
+        return len(self._starts)
+
+    def name(self, i: int) -> str:
+        off = self._names[i]
+        end = self._strtab.find(b"\0", off)
+        return self._strtab[off:end if end >= 0 else None].decode("utf-8", "replace")
+
+    def lookup(self, vaddr: int) -> tuple[str, int] | None:
+        if vaddr < 0 or vaddr > 0xFFFFFFFFFFFFFFFF:
+            return None
+        i = bisect.bisect_right(self._starts, vaddr) - 1
+        if i < 0 or vaddr >= self._ends[i]:
+            return None
+        return self.name(i), vaddr - self._starts[i]
+
+    def lookup_many(self, vaddrs: Sequence[int]) -> list[tuple[str, int] | None]:
+        """One vectorized search for many addresses."""
+        if not len(self._starts):
+            return [None] * len(vaddrs)
+        q = np.array(vaddrs, dtype=np.uint64)
+        idx = np.searchsorted(self._np_starts, q, side="right").astype(np.int64) - 1
+        safe = np.maximum(idx, 0)
+        hit = (idx >= 0) & (q < self._np_ends[safe])
+        offsets = (q - self._np_starts[safe]).tolist()
+        names: dict[int, str] = {}
+        out: list[tuple[str, int] | None] = []
+        for i, ok, off in zip(safe.tolist(), hit.tolist(), offsets, strict=True):
+            if not ok:
+                out.append(None)
+                continue
+            name = names.get(i)
+            if name is None:
+                name = names[i] = self.name(i)
+            out.append((name, off))
+        return out
+
+    def functions(self) -> list[Symbol]:
+        return [Symbol(self.name(i), self._starts[i], self._ends[i] - self._starts[i])
+                for i in range(len(self._starts))]
+
+    def arrays(self) -> tuple[bytes, bytes, bytes, bytes]:
+        """starts, ends, name offsets and string table, for the disk cache."""
+        return (self._starts.tobytes(), self._ends.tobytes(), self._names.tobytes(),
+                self._strtab)
+
+    @classmethod
+    def from_arrays(cls, starts: bytes, ends: bytes, names: bytes, strtab: bytes
+                    ) -> SymbolIndex:
+        s = np.frombuffer(starts, dtype=np.uint64)
+        e = np.frombuffer(ends, dtype=np.uint64)
+        n = np.frombuffer(names, dtype=np.uint32)
+        if not (len(s) == len(e) == len(n)) or (len(s) and (
+                bool(np.any(s[1:] <= s[:-1])) or bool(np.any(e <= s))
+                or int(n.max()) >= len(strtab))):
+            raise ValueError("inconsistent symbol index")
+        return cls(s, e, n, strtab)
+
+    def memory_size(self) -> int:
+        return 20 * len(self._starts) + len(self._strtab)
+
+
+_EHDR = struct.Struct("<16sHHIQQQIHHHHHH")
+_PHDR = struct.Struct("<IIQQQQQQ")
+_SHDR = struct.Struct("<IIQQQQIIQQ")
+_NHDR = struct.Struct("<III")
+SHT_SYMTAB, SHT_NOTE, SHT_NOBITS, SHT_DYNSYM = 2, 7, 8, 11
+SHF_COMPRESSED = 0x800
+NT_GNU_BUILD_ID = 3
+
+
+def _load_elf64le(obj: ElfSymbols, f: BinaryIO) -> bool:
+    """The headers, notes and symbol tables of a 64-bit little-endian ELF
+    (every object on x86-64 and arm64) read with struct and NumPy directly:
+    pyelftools spends ~20 ms on libc's headers alone. False for what this
+    reader leaves to pyelftools (extended section numbering, a compressed
+    symbol table)."""
+    f.seek(0, 2)
+    size = f.tell()
+
+    def read(offset: int, length: int) -> bytes:
+        if offset < 0 or length < 0 or offset + length > size:
+            raise ElfError(f"{obj.path}: malformed ELF: {length} bytes at {offset:#x} "
+                           f"past the end ({size:#x})")
+        f.seek(offset)
+        return f.read(length)
+
+    (_ident, e_type, _machine, _version, _entry, phoff, shoff, _flags, _ehsize, phentsize,
+     phnum, shentsize, shnum, shstrndx) = _EHDR.unpack(read(0, _EHDR.size))
+    if (phnum and phentsize != _PHDR.size) or (shnum and shentsize != _SHDR.size):
+        raise ElfError(f"{obj.path}: malformed ELF: header entry sizes {phentsize}/{shentsize}")
+    if shoff and shnum == 0:
+        return False  # extended numbering: more than 0xff00 sections
+    obj.elf_type = e_type if e_type in (1, 2, 3, 4) else 0
+    table = read(phoff, phnum * _PHDR.size) if phnum else b""
+    obj.segments = tuple(
+        Segment(p_offset, p_vaddr, p_filesz, p_memsz, bool(p_flags & PF_X))
+        for p_type, p_flags, p_offset, p_vaddr, _pa, p_filesz, p_memsz, _al
+        in _PHDR.iter_unpack(table) if p_type == PT_LOAD)
+    headers = list(_SHDR.iter_unpack(read(shoff, shnum * _SHDR.size))) if shnum else []
+    names = b""
+    if headers:
+        if shstrndx >= len(headers):
+            raise ElfError(f"{obj.path}: malformed ELF: section name table {shstrndx}")
+        str_hdr = headers[shstrndx]
+        names = read(str_hdr[4], str_hdr[5]) if str_hdr[1] != SHT_NOBITS else b""
+
+    def name_of(h: tuple[int, ...]) -> str:
+        end = names.find(b"\0", h[0])
+        return names[h[0]:end if end >= 0 else None].decode("utf-8", "replace")
+
+    def data(h: tuple[int, ...]) -> bytes:
+        return b"" if h[1] == SHT_NOBITS else read(h[4], h[5])
+
+    by_name: dict[str, tuple[int, ...]] = {}
+    obj.build_id = None
+    for h in headers:
+        by_name.setdefault(name_of(h), h)
+        if h[1] == SHT_NOTE and obj.build_id is None:
+            obj.build_id = _note_build_id(data(h))
+    obj.debuglink = None
+    obj.debuglink_crc = None
+    link_hdr = by_name.get(".gnu_debuglink")
+    if link_hdr is not None:
+        blob = data(link_hdr)
+        link, _, _ = blob.partition(b"\0")
+        obj.debuglink = link.decode("utf-8", "replace") or None
+        crc_at = (len(link) + 1 + 3) & ~3  # the name is NUL-padded to 4 bytes
+        if len(blob) >= crc_at + 4:
+            obj.debuglink_crc = int.from_bytes(blob[crc_at:crc_at + 4], "little")
+    info = by_name.get(".debug_info") or by_name.get(".zdebug_info")
+    obj.dwarf_path = obj.path if info is not None and info[1] != SHT_NOBITS else None
+    obj.symbol_source = ""
+    obj.index = SymbolIndex.empty()
+    for name, kind in ((".symtab", SHT_SYMTAB), (".dynsym", SHT_DYNSYM)):
+        if not getattr(obj, "_want_symbols", True):
+            break
+        sym_hdr = by_name.get(name)
+        if sym_hdr is None or sym_hdr[1] != kind:
+            continue
+        h = sym_hdr
+        strtab_at = h[6]
+        if strtab_at >= len(headers) or (h[2] | headers[strtab_at][2]) & SHF_COMPRESSED:
+            return False
+        if h[9] != _SYM64.itemsize:
+            raise ElfError(f"{obj.path}: malformed ELF: {name} entry size {h[9]}")
+        index = _index_symbols(data(h), data(headers[strtab_at]))
+        if len(index):
+            obj.index = index
+            obj.symbol_source = name
+            break
+    return True
+
+
+def _note_build_id(blob: bytes) -> str | None:
+    at = 0
+    while at + _NHDR.size <= len(blob):
+        namesz, descsz, kind = _NHDR.unpack_from(blob, at)
+        name_at = at + _NHDR.size
+        desc_at = name_at + ((namesz + 3) & ~3)
+        end = desc_at + ((descsz + 3) & ~3)
+        if end > len(blob) + 3:
+            return None
+        if kind == NT_GNU_BUILD_ID and blob[name_at:name_at + namesz] == b"GNU\0":
+            return blob[desc_at:desc_at + descsz].hex() or None
+        at = end
+    return None
 
 
 def _build_id(elf: Any) -> str | None:
@@ -164,23 +405,25 @@ def _build_id(elf: Any) -> str | None:
     return None
 
 
-def _read_symbols(elf: Any, sec: Any) -> list[Symbol]:
+def _index_symbols(data: bytes, strtab: bytes) -> SymbolIndex:
+    """An ELF64 little-endian symbol table, as one structured array."""
+    syms = np.frombuffer(data, dtype=_SYM64, count=len(data) // _SYM64.itemsize)
+    kind = syms["info"] & 0xF
+    pick = (((kind == STT_FUNC) | (kind == STT_GNU_IFUNC)) & (syms["shndx"] != SHN_UNDEF)
+            & (syms["value"] != 0) & (syms["name"] != 0) & (syms["name"] < len(strtab)))
+    syms = syms[pick]
+    return SymbolIndex.build(syms["value"].astype(np.uint64), syms["size"].astype(np.uint64),
+                             syms["name"].astype(np.uint32), bytes(strtab))
+
+
+def _read_symbols(elf: Any, sec: Any) -> SymbolIndex:
     strtab = elf.get_section(sec["sh_link"]).data()
+    if elf.elfclass == 64 and elf.little_endian and sec["sh_entsize"] == _SYM64.itemsize:
+        return _index_symbols(sec.data(), strtab)
     out: list[Symbol] = []
-    if elf.elfclass == 64 and elf.little_endian and sec["sh_entsize"] == _SYM64.size:
-        data = sec.data()
-        usable = len(data) - len(data) % _SYM64.size
-        for st_name, st_info, _other, shndx, value, size in _SYM64.iter_unpack(data[:usable]):
-            if (st_info & 0xF) not in (STT_FUNC, STT_GNU_IFUNC) or shndx == SHN_UNDEF or not value:
-                continue
-            end = strtab.find(b"\0", st_name)
-            name = strtab[st_name:end if end >= 0 else None].decode("utf-8", "replace")
-            if name:
-                out.append(Symbol(name, value, size))
-        return out
     for sym in sec.iter_symbols():
         if (sym["st_info"]["type"] not in ("STT_FUNC", "STT_GNU_IFUNC")
                 or sym["st_shndx"] == "SHN_UNDEF" or not sym["st_value"] or not sym.name):
             continue
         out.append(Symbol(sym.name, sym["st_value"], sym["st_size"]))
-    return out
+    return SymbolIndex.from_symbols(out)

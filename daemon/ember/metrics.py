@@ -85,6 +85,10 @@ class AgentMetrics:
                                   "Symbol table cache hits", registry=r)
         self.cache_misses = Counter("ember_symbolizer_cache_misses_total",
                                     "Symbol table cache misses (object parsed)", registry=r)
+        self.disk_cache = Counter("ember_symbolizer_disk_cache_total",
+                                  "Symbol indexes on disk (agent.symbol_cache_dir) by result: "
+                                  "hits, misses, stored, errors (corrupt or unwritable "
+                                  "files), evicted", ["result"], registry=r)
         self.profiles_built = Counter("ember_profiles_built_total", "Profiles built", ["type"],
                                       registry=r)
         self.profiles_dropped = Counter("ember_profiles_dropped_total",

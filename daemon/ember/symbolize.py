@@ -12,7 +12,7 @@ import io
 import logging
 import os
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,6 +25,7 @@ from .ksyms import KernelSymbols
 from .model import KERNEL_MAPPING, Frame, FrameKind, Mapping
 from .perfmap import PerfMap
 from .procmaps import MapEntry, Process, ProcessTable
+from .symcache import CachedSymbols, DiskSymbolCache
 
 log = logging.getLogger(__name__)
 
@@ -49,9 +50,11 @@ class ObjectCache:
     remembered too, so a bad file is not re-parsed for every address."""
 
     def __init__(self, max_bytes: int = 256 << 20,
-                 debug_dirs: Sequence[str] = DEFAULT_DEBUG_DIRS):
+                 debug_dirs: Sequence[str] = DEFAULT_DEBUG_DIRS,
+                 disk: DiskSymbolCache | None = None):
         self.max_bytes = max_bytes
         self.debug_dirs = tuple(debug_dirs)
+        self.disk = disk
         self._lru: OrderedDict[ObjectKey, ElfSymbols | None] = OrderedDict()
         self._dwarf: OrderedDict[str, DwarfLines | None] = OrderedDict()
         self._bytes = 0
@@ -77,17 +80,33 @@ class ObjectCache:
                 self.stats.cache_hits += 1
                 return key, self._lru[key]
             self.stats.cache_misses += 1
-            try:
-                obj: ElfSymbols | None = ElfSymbols(path)
-            except ElfError as exc:
-                log.debug("%s", exc)
-                self.stats.object_errors += 1
-                obj = None
-            if obj is not None and (obj.symbol_source != ".symtab" or obj.dwarf_path is None):
-                self._add_debug_symbols(obj, path)
+            obj = self._read(path)
             self._insert(key, obj)
             return key, obj
         return None, None
+
+    def _read(self, path: Path) -> ElfSymbols | None:
+        """An object's symbols: from the disk cache by build id, else its
+        own symbol table or its debug file's (then stored on disk)."""
+        try:
+            if self.disk is not None:
+                head = ElfSymbols(path, symbols=False)
+                cached = self.disk.load(head.build_id) if head.build_id else None
+                if cached is not None:
+                    head.index, head.symbol_source = cached.index, cached.source
+                    head.dwarf_path = head.dwarf_path or cached.dwarf_path
+                    return head
+            obj = ElfSymbols(path)
+        except ElfError as exc:
+            log.debug("%s", exc)
+            self.stats.object_errors += 1
+            return None
+        if obj.symbol_source != ".symtab" or obj.dwarf_path is None:
+            self._add_debug_symbols(obj, path)
+        if self.disk is not None and obj.build_id and obj.symbol_source.startswith(".symtab"):
+            self.disk.store(obj.build_id, CachedSymbols(obj.index, obj.symbol_source,
+                                                        obj.dwarf_path))
+        return obj
 
     def _add_debug_symbols(self, obj: ElfSymbols, path: Path) -> None:
         """A stripped object: take the symbols of its separate debug file."""
@@ -152,11 +171,11 @@ class ObjectCache:
                 dwarf -= d.memory_size() if d else 64
         while self._bytes > self.max_bytes and len(self._lru) > 1:
             _, old = self._lru.popitem(last=False)
-            self._bytes -= old.memory_size() if old else 64
+            self._bytes -= old.memory_size() if old is not None else 64
 
     def _insert(self, key: ObjectKey, obj: ElfSymbols | None) -> None:
         self._lru[key] = obj
-        self._bytes += obj.memory_size() if obj else 64
+        self._bytes += obj.memory_size() if obj is not None else 64
         self._evict()
 
     def __len__(self) -> int:
@@ -176,8 +195,8 @@ class Symbolizer:
         self._memo: dict[tuple[ObjectKey, int], tuple[str, str, int] | None] = {}
         self._memo_size = memo_size
         # (pid, mapping) -> its object, so an address costs no stat() call.
-        self._objects_of: dict[tuple[int, MapEntry], tuple[ObjectKey | None, ElfSymbols | None]] \
-            = {}
+        self._objects_of: dict[tuple[int, MapEntry],
+                               tuple[ObjectKey | None, ElfSymbols | None, Mapping]] = {}
         self._perf_maps: dict[int, PerfMap] = {}
         self._frames: dict[int, tuple[Process | None, dict[tuple[int, bool],
                                                           tuple[tuple[Frame, ...], int]]]] = {}
@@ -235,6 +254,62 @@ class Symbolizer:
         self.stats.unknown_frames = unknown
         return frames
 
+    def prefetch(self, stacks: Iterable[tuple[int, Sequence[int]]]) -> int:
+        """Frames for every address of these user stacks (leaf first) that
+        the frame memos do not hold yet, with the symbol lookups done in one
+        batch per object (numpy.searchsorted, each name decoded once): what
+        a drain does before building its samples, so that user_frames then
+        only assembles memoized frames. Addresses outside file-backed
+        mappings are left to user_frames. Returns how many were built."""
+        pending: list[tuple[dict[tuple[int, bool], tuple[tuple[Frame, ...], int]],
+                            tuple[int, bool], int, MapEntry, int, int,
+                            ObjectKey, int]] = []
+        wanted: dict[ObjectKey, tuple[ElfSymbols, set[int]]] = {}
+        queued: set[tuple[int, int, bool]] = set()
+        if len(self._memo) > self._memo_size * 3 // 4:
+            self._memo.clear()  # room for this batch's lookups
+        for pid, ips in stacks:
+            proc = self.processes.get(pid)
+            if proc is None:
+                continue
+            memo = self._frame_memo(pid, proc)
+            for i, ip in enumerate(ips):
+                mk = (ip, i > 0)
+                if mk in memo or (pid, ip, i > 0) in queued:
+                    continue
+                queued.add((pid, ip, i > 0))
+                entry = proc.find(ip)
+                if entry is None or not entry.file_backed or entry.path == "[vdso]":
+                    continue
+                key, obj = self._object(pid, entry)
+                if obj is None or key is None:
+                    continue
+                look = ip - 1 if i else ip
+                vaddr = obj.vaddr_of_offset(look - entry.start + entry.offset)
+                if vaddr is None:
+                    continue
+                pending.append((memo, mk, pid, entry, ip, look, key, vaddr))
+                if (key, vaddr) not in self._memo:
+                    wanted.setdefault(key, (obj, set()))[1].add(vaddr)
+        for key, (obj, vaddrs) in wanted.items():
+            ordered = sorted(vaddrs)
+            for vaddr, hit in zip(ordered, obj.lookup_many(ordered), strict=True):
+                self._memo[(key, vaddr)] = (demangle(hit[0]), hit[0], hit[1]) if hit else None
+        for memo, mk, pid, entry, ip, look, key, vaddr in pending:
+            mapping = self._mapping(pid, entry)
+            sym = self._memo.get((key, vaddr))
+            missed = 0
+            if sym is None:
+                missed = 1
+                base = os.path.basename(entry.path.removesuffix(" (deleted)"))
+                frame = Frame(f"{base}+{vaddr:#x}", FrameKind.USER, mapping, ip)
+            else:
+                frame = Frame(sym[0], FrameKind.USER, mapping, ip,
+                              sym[1] if sym[1] != sym[0] else "")
+            built = self._with_lines(pid, entry, frame, look) if self.lines else (frame,)
+            memo[mk] = (built, missed)
+        return len(pending)
+
     def _frame_memo(self, pid: int, proc: Process | None
                     ) -> dict[tuple[int, bool], tuple[tuple[Frame, ...], int]]:
         """Frames already built for this process's current maps: stacks share
@@ -247,13 +322,30 @@ class Symbolizer:
         return held[1]
 
     def _object(self, pid: int, entry: MapEntry) -> tuple[ObjectKey | None, ElfSymbols | None]:
+        hit = self._object_and_mapping(pid, entry)
+        return hit[0], hit[1]
+
+    def _mapping(self, pid: int, entry: MapEntry) -> Mapping:
+        """The model's Mapping of a file-backed entry, built once."""
+        return self._object_and_mapping(pid, entry)[2]
+
+    def _object_and_mapping(self, pid: int, entry: MapEntry
+                            ) -> tuple[ObjectKey | None, ElfSymbols | None, Mapping]:
         k = (pid, entry)
         hit = self._objects_of.get(k)
         if hit is None:
             if len(self._objects_of) >= self._memo_size:
                 self._objects_of.clear()
-            hit = self._objects_of[k] = self.objects.open(
+            key, obj = self.objects.open(
                 self.processes.procfs.object_candidates(pid, entry), entry.inode)
+            text = obj.text_segment if obj is not None else None
+            mapping = Mapping(entry.start, entry.end, entry.offset, entry.path,
+                              (obj.build_id or "") if obj is not None else "",
+                              has_functions=obj is not None,
+                              elf_type=obj.elf_type if obj is not None else 0,
+                              load_offset=text.offset if text else 0,
+                              load_vaddr=text.vaddr if text else 0)
+            hit = self._objects_of[k] = (key, obj, mapping)
         else:
             self.stats.cache_hits += 1
         return hit
@@ -351,19 +443,14 @@ class Symbolizer:
             name = entry.path or "[anon]"
             return Frame(name, FrameKind.USER, Mapping(entry.start, entry.end, entry.offset, name,
                                                        has_functions=False), ip)
-        _, obj = self._object(pid, entry)
-        text = obj.text_segment if obj else None
-        mapping = Mapping(entry.start, entry.end, entry.offset, entry.path,
-                          (obj.build_id or "") if obj else "", has_functions=obj is not None,
-                          elf_type=obj.elf_type if obj else 0,
-                          load_offset=text.offset if text else 0,
-                          load_vaddr=text.vaddr if text else 0)
+        mapping = self._mapping(pid, entry)
         sym = self.lookup(pid, entry, lookup_ip)
         if sym is None:
             self.stats.unknown_frames += 1
             base = os.path.basename(entry.path.removesuffix(" (deleted)"))
             file_offset = lookup_ip - entry.start + entry.offset
-            vaddr = obj.vaddr_of_offset(file_offset) if obj else None
+            _, obj = self._object(pid, entry)
+            vaddr = obj.vaddr_of_offset(file_offset) if obj is not None else None
             where = vaddr if vaddr is not None else file_offset
             return Frame(f"{base}+{where:#x}", FrameKind.USER, mapping, ip)
         name, raw, _ = sym

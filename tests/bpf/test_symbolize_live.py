@@ -23,7 +23,7 @@ pytestmark = pytest.mark.bpf
 def symbol_address(binary: Path, name: str) -> int:
     """Runtime address of a function in the non-PIE cpu_shares (= its vaddr)."""
     syms = ElfSymbols(binary)
-    vaddr = next(s for s, n in zip(syms._starts, syms._names, strict=True) if n == name)
+    vaddr = next(f.start for f in syms.functions() if f.name == name)
     return vaddr + 4  # inside the function, past its first instruction
 
 
