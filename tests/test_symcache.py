@@ -112,3 +112,17 @@ def test_unusable_directory_is_a_config_error(tmp_path: Path) -> None:
     (tmp_path / "file").write_text("")
     with pytest.raises(ConfigError, match="symbol_cache_dir"):
         _disk_cache(AgentConfig(symbol_cache_dir=str(tmp_path / "file" / "sub")))
+
+
+def test_copies_of_one_build_share_one_index(tmp_path: Path, fixture_bin: Path) -> None:
+    """The same library seen through two containers' roots (two files, one
+    build id) is indexed once."""
+    a, b = tmp_path / "a.so", tmp_path / "b.so"
+    shutil.copy(fixture_bin / "libember_demo.so", a)
+    shutil.copy(fixture_bin / "libember_demo.so", b)
+    cache = ObjectCache()
+    _, first = cache.open([a])
+    _, second = cache.open([b])
+    assert first is not None and second is not None and first is not second
+    assert second.index is first.index and cache.stats.shared_indexes == 1
+    assert second.functions() == ElfSymbols(b).functions()

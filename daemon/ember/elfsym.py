@@ -63,6 +63,7 @@ class ElfSymbols:
         of a 64-bit little-endian object: the caller has its symbols."""
         self.path = str(path)
         self._want_symbols = symbols
+        self.shared: object = None  # keeps a by-build-id index shared with other copies alive
         try:
             if fileobj is None:
                 with open(path, "rb") as f:

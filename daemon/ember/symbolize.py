@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 import logging
 import os
+import weakref
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -42,6 +43,7 @@ class SymbolizerStats:
     debug_files: int = 0         # stripped objects named through a separate debug file
     replaced_objects: int = 0    # paths that now name another file than the mapped one
     dwarf_errors: int = 0        # objects whose DWARF could not be read (no lines for them)
+    shared_indexes: int = 0      # objects that reused an index of the same build id
 
 
 class ObjectCache:
@@ -57,6 +59,9 @@ class ObjectCache:
         self.disk = disk
         self._lru: OrderedDict[ObjectKey, ElfSymbols | None] = OrderedDict()
         self._dwarf: OrderedDict[str, DwarfLines | None] = OrderedDict()
+        # full symbol indexes by build id, alive while an object holds them
+        self._shared: weakref.WeakValueDictionary[str, CachedSymbols] = \
+            weakref.WeakValueDictionary()
         self._bytes = 0
         self.stats = SymbolizerStats()
 
@@ -86,16 +91,22 @@ class ObjectCache:
         return None, None
 
     def _read(self, path: Path) -> ElfSymbols | None:
-        """An object's symbols: from the disk cache by build id, else its
-        own symbol table or its debug file's (then stored on disk)."""
+        """An object's symbols, by build id: an index already in memory for
+        another file with the same build id (the same library seen through
+        several containers' roots), else the disk cache, else its own symbol
+        table or its debug file's (then shared and stored on disk)."""
         try:
-            if self.disk is not None:
-                head = ElfSymbols(path, symbols=False)
-                cached = self.disk.load(head.build_id) if head.build_id else None
-                if cached is not None:
-                    head.index, head.symbol_source = cached.index, cached.source
-                    head.dwarf_path = head.dwarf_path or cached.dwarf_path
-                    return head
+            head = ElfSymbols(path, symbols=False)
+            cached = self._shared.get(head.build_id) if head.build_id else None
+            if cached is None and self.disk is not None and head.build_id:
+                cached = self.disk.load(head.build_id)
+            if cached is not None and head.build_id:
+                self._shared[head.build_id] = cached
+                head.index, head.symbol_source = cached.index, cached.source
+                head.dwarf_path = head.dwarf_path or cached.dwarf_path
+                head.shared = cached
+                self.stats.shared_indexes += 1
+                return head
             obj = ElfSymbols(path)
         except ElfError as exc:
             log.debug("%s", exc)
@@ -103,9 +114,13 @@ class ObjectCache:
             return None
         if obj.symbol_source != ".symtab" or obj.dwarf_path is None:
             self._add_debug_symbols(obj, path)
-        if self.disk is not None and obj.build_id and obj.symbol_source.startswith(".symtab"):
-            self.disk.store(obj.build_id, CachedSymbols(obj.index, obj.symbol_source,
-                                                        obj.dwarf_path))
+        if obj.build_id and obj.symbol_source.startswith(".symtab"):
+            # a full symbol table is the same for every copy of this build
+            cached = CachedSymbols(obj.index, obj.symbol_source, obj.dwarf_path)
+            obj.shared = cached
+            self._shared[obj.build_id] = cached
+            if self.disk is not None:
+                self.disk.store(obj.build_id, cached)
         return obj
 
     def _add_debug_symbols(self, obj: ElfSymbols, path: Path) -> None:
