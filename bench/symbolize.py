@@ -116,21 +116,12 @@ def main() -> None:
             for x in a:
                 BPF.sym(x, pid, show_module=True)
 
-        def ember_batch(a: list[int]) -> None:
-            # as a drain does it: the new addresses looked up in one batch per
-            # object (numpy.searchsorted), then the frames built
-            sym.prefetch([(pid, [x]) for x in a])
-            for x in a:
-                sym.user_frames(pid, [x])
-
         ember_cold, ember_warm = rate(ember_pass, addrs), rate(ember_pass, addrs)
-        sym = Symbolizer(ProcessTable())
-        batch_cold = rate(ember_batch, addrs)
         with tempfile.TemporaryDirectory() as d:
             sym = Symbolizer(ProcessTable(), objects=ObjectCache(disk=DiskSymbolCache(d)))
             ember_pass(addrs[:50])  # fills the disk cache
             sym = Symbolizer(ProcessTable(), objects=ObjectCache(disk=DiskSymbolCache(d)))
-            disk_cold = rate(ember_batch, addrs)
+            disk_cold = rate(ember_pass, addrs)
         bcc_cold, bcc_warm = rate(bcc_pass, addrs), rate(bcc_pass, addrs)
         # sanity: both name the same function (bcc may pick another alias,
         # e.g. libc's __GI_* names from libc6-dbg): compare offsets into it
@@ -149,11 +140,9 @@ def main() -> None:
     print(f"{len(addrs)} addresses in {pid}'s executable mappings")
     print(f"ember cold {ember_cold:10.0f}/s   warm {ember_warm:10.0f}/s")
     print(f"bcc   cold {bcc_cold:10.0f}/s   warm {bcc_warm:10.0f}/s")
-    print(f"ember cold, batched per drain {batch_cold:10.0f}/s; "
-          f"from the disk cache {disk_cold:10.0f}/s")
+    print(f"ember cold with the disk cache filled {disk_cold:10.0f}/s")
     print(f"ratio ember/bcc: cold {ember_cold / bcc_cold:.2f}x "
-          f"(batched {batch_cold / bcc_cold:.2f}x, disk cache {disk_cold / bcc_cold:.2f}x), "
-          f"warm {ember_warm / bcc_warm:.2f}x")
+          f"(disk cache {disk_cold / bcc_cold:.2f}x), warm {ember_warm / bcc_warm:.2f}x")
     print(f"same function (offset into it) as bcc for {same} of 2000 checked")
     print(f"libc indexed cold (with its debug file): {libc_cold_ms():.1f} ms")
     with tempfile.TemporaryDirectory() as d:

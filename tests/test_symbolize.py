@@ -139,22 +139,3 @@ def test_lines_and_inlined_frames(tmp_path: Path, fixture_bin: Path) -> None:
     sym = Symbolizer(table, lines=True)
     assert sym.user_frames(42, [PIE_BASE + work + 0x52]) == \
         sym.user_frames(42, [PIE_BASE + work + 0x52])
-
-
-def test_prefetch_batches_lookups_and_changes_nothing(tmp_path: Path, fixture_bin: Path) -> None:
-    """prefetch looks the new addresses up in one batch per object; the
-    frames built afterwards are the ones built without it."""
-    table = ProcessTable(fixture_proc(tmp_path, fixture_bin))
-    exe, lib = nm(fixture_bin / "pie_main"), nm(fixture_bin / "libember_demo.so")
-    stacks = [[LIB_BASE + lib["lib_spin"] + k, LIB_BASE + lib["lib_burn"] + 9,
-               PIE_BASE + exe["main"] + 30 + k, 0x10] for k in range(1, 20)]
-    plain = Symbolizer(table)
-    batched = Symbolizer(table)
-    looked_up = batched.prefetch([(42, s) for s in stacks])
-    # 19 distinct leaf and main addresses, one lib_burn address; [unknown] is left
-    # to user_frames
-    assert looked_up == 19 + 19 + 1
-    assert batched.prefetch([(42, s) for s in stacks]) == 0  # now memoized
-    for s in stacks:
-        assert batched.user_frames(42, s) == plain.user_frames(42, s)
-    assert batched.stats.unknown_frames == plain.stats.unknown_frames

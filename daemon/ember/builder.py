@@ -81,11 +81,6 @@ class SampleBuilder:
         records = [r for r in records if r.kind == kind]
         procs = self.symbolizer.processes
         procs.touch({r.pid for r in records} | {r.peer_pid for r in records if r.peer_pid})
-        # the drain's new addresses, looked up in one batch per object
-        self.symbolizer.prefetch(
-            [(r.pid, r.user.ips) for r in records if r.user.problem is None]
-            + [(r.peer_pid, r.peer_user.ips) for r in records
-               if r.peer_pid and r.peer_user.problem is None])
         samples = []
         for r in records:
             frames = self._stack(r.user, r.kernel, r.pid)

@@ -13,7 +13,7 @@ import logging
 import os
 import weakref
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -268,62 +268,6 @@ class Symbolizer:
                 memo[(ip, i > 0)] = (built, missed)
         self.stats.unknown_frames = unknown
         return frames
-
-    def prefetch(self, stacks: Iterable[tuple[int, Sequence[int]]]) -> int:
-        """Frames for every address of these user stacks (leaf first) that
-        the frame memos do not hold yet, with the symbol lookups done in one
-        batch per object (numpy.searchsorted, each name decoded once): what
-        a drain does before building its samples, so that user_frames then
-        only assembles memoized frames. Addresses outside file-backed
-        mappings are left to user_frames. Returns how many were built."""
-        pending: list[tuple[dict[tuple[int, bool], tuple[tuple[Frame, ...], int]],
-                            tuple[int, bool], int, MapEntry, int, int,
-                            ObjectKey, int]] = []
-        wanted: dict[ObjectKey, tuple[ElfSymbols, set[int]]] = {}
-        queued: set[tuple[int, int, bool]] = set()
-        if len(self._memo) > self._memo_size * 3 // 4:
-            self._memo.clear()  # room for this batch's lookups
-        for pid, ips in stacks:
-            proc = self.processes.get(pid)
-            if proc is None:
-                continue
-            memo = self._frame_memo(pid, proc)
-            for i, ip in enumerate(ips):
-                mk = (ip, i > 0)
-                if mk in memo or (pid, ip, i > 0) in queued:
-                    continue
-                queued.add((pid, ip, i > 0))
-                entry = proc.find(ip)
-                if entry is None or not entry.file_backed or entry.path == "[vdso]":
-                    continue
-                key, obj = self._object(pid, entry)
-                if obj is None or key is None:
-                    continue
-                look = ip - 1 if i else ip
-                vaddr = obj.vaddr_of_offset(look - entry.start + entry.offset)
-                if vaddr is None:
-                    continue
-                pending.append((memo, mk, pid, entry, ip, look, key, vaddr))
-                if (key, vaddr) not in self._memo:
-                    wanted.setdefault(key, (obj, set()))[1].add(vaddr)
-        for key, (obj, vaddrs) in wanted.items():
-            ordered = sorted(vaddrs)
-            for vaddr, hit in zip(ordered, obj.lookup_many(ordered), strict=True):
-                self._memo[(key, vaddr)] = (demangle(hit[0]), hit[0], hit[1]) if hit else None
-        for memo, mk, pid, entry, ip, look, key, vaddr in pending:
-            mapping = self._mapping(pid, entry)
-            sym = self._memo.get((key, vaddr))
-            missed = 0
-            if sym is None:
-                missed = 1
-                base = os.path.basename(entry.path.removesuffix(" (deleted)"))
-                frame = Frame(f"{base}+{vaddr:#x}", FrameKind.USER, mapping, ip)
-            else:
-                frame = Frame(sym[0], FrameKind.USER, mapping, ip,
-                              sym[1] if sym[1] != sym[0] else "")
-            built = self._with_lines(pid, entry, frame, look) if self.lines else (frame,)
-            memo[mk] = (built, missed)
-        return len(pending)
 
     def _frame_memo(self, pid: int, proc: Process | None
                     ) -> dict[tuple[int, bool], tuple[tuple[Frame, ...], int]]:
