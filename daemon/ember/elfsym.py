@@ -95,17 +95,9 @@ class ElfSymbols:
                     bool(s["p_flags"] & PF_X))
             for s in elf.iter_segments() if s["p_type"] == "PT_LOAD")
         self.build_id = _build_id(elf)
-        self.debuglink: str | None = None
-        self.debuglink_crc: int | None = None
         section = elf.get_section_by_name(".gnu_debuglink")
-        if section is not None:
-            data = section.data()
-            link, _, _ = data.partition(b"\0")
-            self.debuglink = link.decode("utf-8", "replace") or None
-            crc_at = (len(link) + 1 + 3) & ~3  # the name is NUL-padded to 4 bytes
-            if len(data) >= crc_at + 4:
-                self.debuglink_crc = int.from_bytes(data[crc_at:crc_at + 4],
-                                                    "little" if elf.little_endian else "big")
+        self.debuglink, self.debuglink_crc = _debuglink(
+            section.data() if section is not None else None, elf.little_endian)
         # where this object's DWARF is: itself, or (set by the cache) its debug file
         info = elf.get_section_by_name(".debug_info") or elf.get_section_by_name(".zdebug_info")
         self.dwarf_path: str | None = (
@@ -347,16 +339,9 @@ def _load_elf64le(obj: ElfSymbols, f: BinaryIO) -> bool:
         by_name.setdefault(name_of(h), h)
         if h[1] == SHT_NOTE and obj.build_id is None:
             obj.build_id = _note_build_id(data(h))
-    obj.debuglink = None
-    obj.debuglink_crc = None
     link_hdr = by_name.get(".gnu_debuglink")
-    if link_hdr is not None:
-        blob = data(link_hdr)
-        link, _, _ = blob.partition(b"\0")
-        obj.debuglink = link.decode("utf-8", "replace") or None
-        crc_at = (len(link) + 1 + 3) & ~3  # the name is NUL-padded to 4 bytes
-        if len(blob) >= crc_at + 4:
-            obj.debuglink_crc = int.from_bytes(blob[crc_at:crc_at + 4], "little")
+    obj.debuglink, obj.debuglink_crc = _debuglink(
+        data(link_hdr) if link_hdr is not None else None, True)
     info = by_name.get(".debug_info") or by_name.get(".zdebug_info")
     obj.dwarf_path = obj.path if info is not None and info[1] != SHT_NOBITS else None
     obj.symbol_source = ""
@@ -379,6 +364,17 @@ def _load_elf64le(obj: ElfSymbols, f: BinaryIO) -> bool:
             obj.symbol_source = name
             break
     return True
+
+
+def _debuglink(blob: bytes | None, little_endian: bool) -> tuple[str | None, int | None]:
+    """(file name, CRC32) of a .gnu_debuglink section."""
+    if blob is None:
+        return None, None
+    link, _, _ = blob.partition(b"\0")
+    crc_at = (len(link) + 1 + 3) & ~3  # the name is NUL-padded to 4 bytes
+    crc = (int.from_bytes(blob[crc_at:crc_at + 4], "little" if little_endian else "big")
+           if len(blob) >= crc_at + 4 else None)
+    return link.decode("utf-8", "replace") or None, crc
 
 
 def _note_build_id(blob: bytes) -> str | None:
