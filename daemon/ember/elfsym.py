@@ -17,7 +17,7 @@ from __future__ import annotations
 import bisect
 import struct
 from array import array
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -60,16 +60,19 @@ class ElfSymbols:
     def __init__(self, path: Path | str, fileobj: BinaryIO | None = None,
                  symbols: bool = True):
         """symbols=False reads only the headers (segments, build id, links)
-        of a 64-bit little-endian object: the caller has its symbols."""
+        of a 64-bit little-endian object; load_symbols() reads the symbol
+        tables later, if the caller finds no index to share."""
         self.path = str(path)
-        self._want_symbols = symbols
         self.shared: object = None  # keeps a by-build-id index shared with other copies alive
+        # symbol tables not read yet: [(name, symbol table header, string table header)]
+        self._deferred: list[tuple[str, tuple[int, ...], tuple[int, ...]]] | None = None
+        self._guard(self._open_and_load, fileobj, symbols)
+
+    def _guard(self, fn: Callable[..., None], *args: Any) -> None:
+        """Run a reading step; every failure becomes an ElfError."""
+        path = self.path
         try:
-            if fileobj is None:
-                with open(path, "rb") as f:
-                    self._load(f)
-            else:
-                self._load(fileobj)
+            fn(*args)
         except ElfError:
             raise
         except OSError as exc:
@@ -77,12 +80,30 @@ class ElfSymbols:
         except Exception as exc:  # pyelftools raises ELFError, struct.error, ValueError...
             raise ElfError(f"{path}: malformed ELF: {exc}") from exc
 
-    def _load(self, f: BinaryIO) -> None:
+    def _open_and_load(self, fileobj: BinaryIO | None, symbols: bool) -> None:
+        if fileobj is not None:
+            self._load(fileobj, symbols)
+            return
+        with open(self.path, "rb") as f:
+            self._load(f, symbols)
+
+    def _load(self, f: BinaryIO, symbols: bool) -> None:
         ident = f.read(6)
         f.seek(0)
-        if ident[:4] == b"\x7fELF" and ident[4:6] == b"\x02\x01" and _load_elf64le(self, f):
+        if (ident[:4] == b"\x7fELF" and ident[4:6] == b"\x02\x01"
+                and _load_elf64le(self, f, symbols)):
             return
         self._load_pyelftools(f)
+
+    def load_symbols(self) -> None:
+        """Read the symbol tables left out by symbols=False."""
+        if self._deferred is not None:
+            self._guard(self._load_deferred)
+
+    def _load_deferred(self) -> None:
+        tables, self._deferred = self._deferred or [], None
+        with open(self.path, "rb") as f:
+            _index_symtabs(self, _reader(f, self.path), tables)
 
     def _load_pyelftools(self, f: BinaryIO) -> None:
         """Any ELF class and byte order; slow (a Python object per header)."""
@@ -290,21 +311,28 @@ SHF_COMPRESSED = 0x800
 NT_GNU_BUILD_ID = 3
 
 
-def _load_elf64le(obj: ElfSymbols, f: BinaryIO) -> bool:
-    """The headers, notes and symbol tables of a 64-bit little-endian ELF
-    (every object on x86-64 and arm64) read with struct and NumPy directly:
-    pyelftools spends ~20 ms on libc's headers alone. False for what this
-    reader leaves to pyelftools (extended section numbering, a compressed
-    symbol table)."""
+def _reader(f: BinaryIO, path: str) -> Callable[[int, int], bytes]:
+    """read(offset, length) of f, refusing ranges past its end."""
     f.seek(0, 2)
     size = f.tell()
 
     def read(offset: int, length: int) -> bytes:
         if offset < 0 or length < 0 or offset + length > size:
-            raise ElfError(f"{obj.path}: malformed ELF: {length} bytes at {offset:#x} "
+            raise ElfError(f"{path}: malformed ELF: {length} bytes at {offset:#x} "
                            f"past the end ({size:#x})")
         f.seek(offset)
         return f.read(length)
+
+    return read
+
+
+def _load_elf64le(obj: ElfSymbols, f: BinaryIO, symbols: bool = True) -> bool:
+    """The headers, notes and symbol tables of a 64-bit little-endian ELF
+    (every object on x86-64 and arm64) read with struct and NumPy directly:
+    pyelftools spends ~20 ms on libc's headers alone. False for what this
+    reader leaves to pyelftools (extended section numbering, a compressed
+    symbol table)."""
+    read = _reader(f, obj.path)
 
     (_ident, e_type, _machine, _version, _entry, phoff, shoff, _flags, _ehsize, phentsize,
      phnum, shentsize, shnum, shstrndx) = _EHDR.unpack(read(0, _EHDR.size))
@@ -346,24 +374,34 @@ def _load_elf64le(obj: ElfSymbols, f: BinaryIO) -> bool:
     obj.dwarf_path = obj.path if info is not None and info[1] != SHT_NOBITS else None
     obj.symbol_source = ""
     obj.index = SymbolIndex.empty()
+    tables: list[tuple[str, tuple[int, ...], tuple[int, ...]]] = []
     for name, kind in ((".symtab", SHT_SYMTAB), (".dynsym", SHT_DYNSYM)):
-        if not getattr(obj, "_want_symbols", True):
-            break
         sym_hdr = by_name.get(name)
         if sym_hdr is None or sym_hdr[1] != kind:
             continue
-        h = sym_hdr
-        strtab_at = h[6]
-        if strtab_at >= len(headers) or (h[2] | headers[strtab_at][2]) & SHF_COMPRESSED:
+        strtab_at = sym_hdr[6]
+        if strtab_at >= len(headers) or (sym_hdr[2] | headers[strtab_at][2]) & SHF_COMPRESSED:
             return False
-        if h[9] != _SYM64.itemsize:
-            raise ElfError(f"{obj.path}: malformed ELF: {name} entry size {h[9]}")
-        index = _index_symbols(data(h), data(headers[strtab_at]))
+        if sym_hdr[9] != _SYM64.itemsize:
+            raise ElfError(f"{obj.path}: malformed ELF: {name} entry size {sym_hdr[9]}")
+        tables.append((name, sym_hdr, headers[strtab_at]))
+    if symbols:
+        _index_symtabs(obj, read, tables)
+    else:
+        obj._deferred = tables
+    return True
+
+
+def _index_symtabs(obj: ElfSymbols, read: Callable[[int, int], bytes],
+                   tables: list[tuple[str, tuple[int, ...], tuple[int, ...]]]) -> None:
+    """The first of .symtab and .dynsym with functions becomes the index."""
+    for name, h, strtab in tables:
+        index = _index_symbols(read(h[4], h[5]), read(strtab[4], strtab[5])
+                               if strtab[1] != SHT_NOBITS else b"")
         if len(index):
             obj.index = index
             obj.symbol_source = name
-            break
-    return True
+            return
 
 
 def _debuglink(blob: bytes | None, little_endian: bool) -> tuple[str | None, int | None]:

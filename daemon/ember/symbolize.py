@@ -107,7 +107,8 @@ class ObjectCache:
                 head.shared = cached
                 self.stats.shared_indexes += 1
                 return head
-            obj = ElfSymbols(path)
+            head.load_symbols()
+            obj = head
         except ElfError as exc:
             log.debug("%s", exc)
             self.stats.object_errors += 1
