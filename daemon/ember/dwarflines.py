@@ -192,9 +192,9 @@ class DwarfLines:
     def _parse_unit(self, offset: int) -> _Unit:
         cu = self._dwarf.get_CU_at(offset)
         top = cu.get_top_DIE()
-        files = self._file_names(cu, top)
-        rows: list[tuple[int, bool, str, int]] = []
         prog = self._dwarf.line_program_for_CU(cu)
+        files = self._file_names(prog, top) if prog is not None else {}
+        rows: list[tuple[int, bool, str, int]] = []
         if prog is not None:
             for entry in prog.get_entries():
                 st = entry.state
@@ -246,12 +246,9 @@ class DwarfLines:
         return _Unit(row_addrs, row_lines, [s[0] for s in spans], spans,
                      size=120 * len(rows) + 200 * len(spans) + names)
 
-    def _file_names(self, cu: Any, top: Any) -> dict[int, str]:
+    def _file_names(self, prog: Any, top: Any) -> dict[int, str]:
         """File index of the line program -> path (relative to the unit's
         compilation directory when DWARF says nothing more)."""
-        prog = self._dwarf.line_program_for_CU(cu)
-        if prog is None:
-            return {}
         comp_dir = _text(top.attributes["DW_AT_comp_dir"].value) \
             if "DW_AT_comp_dir" in top.attributes else ""
         dirs = [_text(d) for d in prog["include_directory"]]

@@ -350,11 +350,12 @@ class Symbolizer:
         if not chain:
             return (frame,)
         outer = chain[-1]
-        out = [Frame(demangle(sl.function) if sl.function else "[inlined]", FrameKind.USER,
-                     frame.mapping, frame.address,
-                     sl.function if sl.function and demangle(sl.function) != sl.function else "",
-                     sl.file, sl.line, inlined=True)
-               for sl in chain[:-1]]
+        out = []
+        for sl in chain[:-1]:
+            name = demangle(sl.function) if sl.function else "[inlined]"
+            raw = sl.function if sl.function != name else ""
+            out.append(Frame(name, FrameKind.USER, frame.mapping, frame.address, raw,
+                             sl.file, sl.line, inlined=True))
         # the function itself keeps the symbol table's name: flame graphs
         # with and without lines then merge the same frames
         out.append(Frame(frame.name, frame.kind, frame.mapping, frame.address,
