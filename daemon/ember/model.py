@@ -12,7 +12,7 @@ sample ever disappears from a profile.
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from collections.abc import Mapping as MappingABC
 from dataclasses import dataclass, field
 
@@ -118,6 +118,22 @@ class Profile:
 
     def total(self, index: int) -> int:
         return sum(s.values[index] for s in self.samples)
+
+
+def location_groups(frames: Sequence[Frame]) -> list[list[Frame]]:
+    """A stack (root first) as pprof/OTLP Locations, leaf first: each group
+    is a frame preceded by the frames inlined into it, innermost first, as
+    Location.line lists them."""
+    groups: list[list[Frame]] = []
+    group: list[Frame] = []
+    for f in reversed(frames):  # leaf first: inlined frames come before their host
+        group.append(f)
+        if not f.inlined:
+            groups.append(group)
+            group = []
+    if group:  # inlined frames without a host frame (should not happen)
+        groups.append(group)
+    return groups
 
 
 def merge_samples(samples: Iterable[Sample]) -> tuple[Sample, ...]:

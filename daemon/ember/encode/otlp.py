@@ -21,7 +21,7 @@ from opentelemetry.proto.common.v1 import common_pb2
 from opentelemetry.proto.profiles.v1development import profiles_pb2 as pb
 from opentelemetry.proto.resource.v1 import resource_pb2
 
-from ..model import Frame, Mapping, ProfileType, Sample
+from ..model import Frame, Mapping, ProfileType, Sample, location_groups
 
 #: ember label -> OpenTelemetry resource attribute (semantic conventions).
 RESOURCE_KEYS = {
@@ -112,16 +112,7 @@ class _Tables:
         return i
 
     def stack(self, frames: Sequence[Frame]) -> int:
-        ids: list[int] = []
-        group: list[Frame] = []
-        for f in reversed(frames):  # leaf first: inlined frames before their host
-            group.append(f)
-            if not f.inlined:
-                ids.append(self.location(group))
-                group = []
-        if group:
-            ids.append(self.location(group))
-        key = tuple(ids)
+        key = tuple(self.location(group) for group in location_groups(frames))
         i = self.stacks.get(key)
         if i is None:
             i = self.stacks[key] = len(self.d.stack_table)

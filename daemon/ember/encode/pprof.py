@@ -9,7 +9,16 @@ from __future__ import annotations
 
 import gzip
 
-from ..model import KERNEL_MAPPING, Frame, FrameKind, Mapping, Profile, ProfileType, Sample
+from ..model import (
+    KERNEL_MAPPING,
+    Frame,
+    FrameKind,
+    Mapping,
+    Profile,
+    ProfileType,
+    Sample,
+    location_groups,
+)
 from ..proto import profile_pb2 as pb
 
 
@@ -84,20 +93,9 @@ def to_proto_with_mappings(profile: Profile) -> tuple[pb.Profile, list[Mapping]]
             p.location.append(loc)
         return lid
 
-    def location_ids(frames: tuple[Frame, ...]) -> list[int]:
-        ids = []
-        group: list[Frame] = []
-        for f in reversed(frames):  # leaf first: inlined frames come before their host
-            group.append(f)
-            if not f.inlined:
-                ids.append(location_id(group))
-                group = []
-        if group:  # inlined frames without a host frame (should not happen)
-            ids.append(location_id(group))
-        return ids
-
     for s in profile.samples:
-        sample = p.sample.add(value=list(s.values), location_id=location_ids(s.frames))
+        sample = p.sample.add(value=list(s.values), location_id=[
+            location_id(group) for group in location_groups(s.frames)])
         sample.label.add(key=st("pid"), num=s.pid)
         sample.label.add(key=st("tid"), num=s.tid)
         sample.label.add(key=st("thread_name"), str=st(s.thread_name))
