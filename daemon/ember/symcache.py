@@ -55,6 +55,7 @@ class DiskSymbolCache:
         self.dir = Path(directory)
         self.max_bytes = max_bytes
         self.stats = DiskCacheStats()
+        self._total: int | None = None  # bytes in the directory, once scanned
         self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
 
     def _path(self, build_id: str) -> Path | None:
@@ -92,10 +93,12 @@ class DiskSymbolCache:
         if path is None:
             return
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        blob = _encode(cached)
         try:
+            replaced = path.stat().st_size if path.exists() else 0
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             with os.fdopen(fd, "wb") as f:
-                f.write(_encode(cached))
+                f.write(blob)
             os.replace(tmp, path)
         except OSError as exc:
             log.warning("symbol cache: cannot write %s: %s", path, exc)
@@ -103,9 +106,19 @@ class DiskSymbolCache:
             tmp.unlink(missing_ok=True)
             return
         self.stats.stored += 1
-        self._bound()
+        # the directory is scanned once, then its size is kept up to date
+        # here; deletions elsewhere only make it an overestimate, which
+        # costs a rescan in _bound
+        if self._total is None:
+            self._bound()
+        else:
+            self._total += len(blob) - replaced
+            if self._total > self.max_bytes:
+                self._bound()
 
     def _bound(self) -> None:
+        """Delete least recently used files down to max_bytes; learn the
+        directory's size."""
         files = []
         for p in self.dir.glob("*.sym"):
             try:
@@ -120,6 +133,7 @@ class DiskSymbolCache:
             p.unlink(missing_ok=True)
             total -= size
             self.stats.evicted += 1
+        self._total = total
 
 
 def _encode(cached: CachedSymbols) -> bytes:
