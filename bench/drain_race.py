@@ -20,8 +20,8 @@ import time
 
 from common import ROOT, need_root
 from ember import abi
-from ember.drain import Drainer
-from ember.tracer import Program, oncpu_spec, self_tgid
+from ember.kernel.drain import Drainer
+from ember.kernel.program import Program, oncpu_spec, self_tgid
 
 
 def run(kind: str, seconds: float) -> tuple[int, int]:

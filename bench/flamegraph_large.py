@@ -13,7 +13,7 @@ import random
 import time
 from collections import Counter
 
-from ember.encode.svg import Options, build_tree, render, to_html
+from ember.flamegraph.svg import Options, build_tree, render, to_html
 
 
 def make_stacks(n: int, rng: random.Random) -> Counter[str]:

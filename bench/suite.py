@@ -88,8 +88,8 @@ def pipe_us(loops: int) -> float:
 def floor_run(fn: str, loops: int) -> tuple[float, float]:
     from bcc import BPF
 
-    from ember import bpfsys
-    from ember.btfprog import load_tp_btf
+    from ember.kernel import syscalls as bpfsys
+    from ember.kernel.tp_btf import load_tp_btf
 
     b = BPF(src_file=str(ROOT / "bench/floor.c"))
     prog = load_tp_btf(b, fn, "sched_switch")
@@ -290,13 +290,13 @@ def distinct_stacks(agent: Agent) -> int:
 
 def drain(depth: int, seconds: float) -> Table:
     from ember import abi
-    from ember.builder import SampleBuilder
-    from ember.drain import Drainer
-    from ember.ksyms import KernelSymbols
+    from ember.kernel.drain import Drainer
+    from ember.kernel.program import Program, oncpu_spec, self_tgid
     from ember.model import cpu_type
-    from ember.procmaps import ProcessTable, ProcFS
-    from ember.symbolize import Symbolizer
-    from ember.tracer import Program, oncpu_spec, self_tgid
+    from ember.stacks import SampleBuilder
+    from ember.symbols.kallsyms import KernelSymbols
+    from ember.symbols.procmaps import ProcessTable, ProcFS
+    from ember.symbols.symbolizer import Symbolizer
 
     work = subprocess.Popen([str(BIN / "many_stacks"), str(seconds + 30), str(depth)],
                             stdout=subprocess.DEVNULL)

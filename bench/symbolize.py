@@ -24,10 +24,10 @@ import time
 from pathlib import Path
 
 from common import ROOT, need_root, status_kb
-from ember.elfsym import ElfSymbols
-from ember.procmaps import ProcessTable
-from ember.symbolize import ObjectCache, Symbolizer
-from ember.symcache import DiskSymbolCache
+from ember.symbols.diskcache import DiskSymbolCache
+from ember.symbols.elf import ElfSymbols
+from ember.symbols.procmaps import ProcessTable
+from ember.symbols.symbolizer import ObjectCache, Symbolizer
 
 LIBC = Path("/usr/lib/x86_64-linux-gnu/libc.so.6")
 

@@ -8,7 +8,7 @@ import subprocess
 from pathlib import Path
 
 from ember import abi
-from ember.bpfbuild import bpf_source_dir
+from ember.kernel.build import bpf_source_dir
 
 
 def c_layout(tmp_path: Path) -> dict[str, object]:

@@ -18,14 +18,15 @@ from pathlib import Path
 import grpc
 import pytest
 
-from ember.collector import Collector
+from ember.agent.labels import ProcessLabels, series_labels
+from ember.collector.server import Collector
 from ember.config import CollectorConfig
 from ember.encode.folded import parse_folded
 from ember.encode.pprof import decode_pprof
+from ember.encode.writeraw import make_series
 from ember.proto import profile_pb2 as pb
 from ember.proto import profilestore_pb2 as ps
 from ember.proto import profilestore_pb2_grpc as ps_grpc
-from ember.series import ProcessLabels, make_series, series_labels
 from encode.sample_profiles import cpu_profile, offcpu_profile
 
 
@@ -238,9 +239,9 @@ def test_tls_grpc_and_https_query(tmp_path: Path) -> None:
         # the agent's own shipper, over TLS with a token
         from prometheus_client import CollectorRegistry
 
+        from ember.export.shipper import Endpoint, Shipper
+        from ember.export.spool import Spool
         from ember.metrics import AgentMetrics
-        from ember.shipper import Endpoint, Shipper
-        from ember.spool import Spool
         spool = Spool(tmp_path / "spool", 1 << 20)
         spool.put(ps.WriteRawRequest(series=[series(77)]).SerializeToString())
         shipper = Shipper(spool, Endpoint(f"127.0.0.1:{c.grpc_port}", token="t0k",

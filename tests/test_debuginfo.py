@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from ember.debuginfo import debug_file_for
-from ember.elfsym import ElfSymbols
-from ember.symbolize import ObjectCache
+from ember.symbols.debuginfo import debug_file_for
+from ember.symbols.elf import ElfSymbols
+from ember.symbols.symbolizer import ObjectCache
 from test_elfsym import nm
 
 LIBC = Path("/usr/lib/x86_64-linux-gnu/libc.so.6")

@@ -2,7 +2,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ember.demangle import demangle
+from ember.symbols.demangle import demangle
 
 
 def test_cpp_names() -> None:

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ember import config, sdnotify
+from ember import config
+from ember.agent import sdnotify
 
 ROOT = Path(__file__).resolve().parents[1]
 K8S = ROOT / "deploy/kubernetes"

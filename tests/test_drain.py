@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ember import abi
-from ember.drain import STACK_MISSING, Drainer, Record
+from ember.kernel.drain import STACK_MISSING, Drainer, Record
 from fakes import FakeProgram, NoGrace
 
 STACKS = [(0x1000 + i, 0x2000 + i * 7, 0x3000) for i in range(6)]

@@ -15,10 +15,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ember.debuginfo import debug_file_for
-from ember.dwarflines import DwarfLines, SourceLine
-from ember.elfsym import ElfSymbols
 from ember.errors import DwarfError
+from ember.symbols.debuginfo import debug_file_for
+from ember.symbols.dwarf import DwarfLines, SourceLine
+from ember.symbols.elf import ElfSymbols
 
 LIBC = Path("/usr/lib/x86_64-linux-gnu/libc.so.6")
 SRC = Path(__file__).parent / "fixtures" / "src" / "inline_lines.c"

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ember.elfsym import ElfSymbols
 from ember.errors import ElfError
+from ember.symbols.elf import ElfSymbols
 
 
 def nm_sized(path: Path) -> dict[str, tuple[int, int]]:
@@ -124,7 +124,7 @@ def _system_objects(n: int) -> list[Path]:
 def test_fast_reader_matches_pyelftools(fixture_bin: Path) -> None:
     """The struct/NumPy reader of 64-bit little-endian objects gives what the
     pyelftools path gives: segments, build id, debuglink, DWARF, symbols."""
-    from ember.elfsym import _load_elf64le
+    from ember.symbols.elf import _load_elf64le
 
     paths = [fixture_bin / n for n in ("cpu_shares", "pie_main", "libember_demo.so",
                                        "cpp_names", "inline_lines")] + _system_objects(40)

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from ember.encode.pprof import encode_pprof
-from ember.flame import diff, flamegraph, load
+from ember.flamegraph.graphs import diff, flamegraph, load
 from encode.sample_profiles import offcpu_profile
 from encode.test_svg import frames
 
@@ -35,7 +35,7 @@ def test_folded_and_pprof_inputs(tmp_path: Path) -> None:
 
 
 def test_kind_hints_from_pprof() -> None:
-    from ember.flame import stacks_of
+    from ember.flamegraph.graphs import stacks_of
     from ember.model import KERNEL_MAPPING, Frame, FrameKind, Mapping, Sample, cpu_type
 
     jit = Frame("LazyCompile:*handler", FrameKind.USER, Mapping(1, 2, 0, "[anon]"), 1)

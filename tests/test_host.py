@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from ember import host
 from ember.errors import KernelHeadersError, PrivilegeError
+from ember.kernel import preflight as host
 
 
 def test_privileges() -> None:

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from ember.errors import SymbolizationError
-from ember.ksyms import KernelSymbols
+from ember.symbols.kallsyms import KernelSymbols
 
 
 def test_lookup(tmp_path: Path) -> None:

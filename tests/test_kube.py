@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from kubefake import FakeApiServer, fake_api_server
 
-from ember.kube import ApiClient, ContainerRef, PodCache, PodWatcher, container_of
-from ember.relabel import Rule, relabel
+from ember.agent.kube import ApiClient, ContainerRef, PodCache, PodWatcher, container_of
+from ember.agent.relabel import Rule, relabel
 
 FIXTURES = Path(__file__).parent / "fixtures/kube"
 A, B, C, D = ("a" * 63 + "1", "b" * 63 + "2", "c" * 63 + "3", "d" * 63 + "4")
@@ -101,7 +101,7 @@ def test_watcher_recovers_from_errors(api: ApiClient) -> None:
 
 def test_malformed_answers_never_crash(api: ApiClient, tmp_path: Path) -> None:
     cache = PodCache()
-    from ember.kube import pod_info
+    from ember.agent.kube import pod_info
     for bad in ({}, {"metadata": None}, {"metadata": {"name": "x"}}, {"metadata": []},
                 {"metadata": {"name": "p", "namespace": "n"}, "status": {"containerStatuses": 3}}):
         pod = pod_info(bad)  # type: ignore[arg-type]

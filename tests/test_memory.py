@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ember.memory import (
+from ember.agent.memory import (
     COUNT_ENTRY_BYTES,
     STACK_ENTRY_BYTES,
     MemoryGovernor,

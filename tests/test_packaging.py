@@ -16,7 +16,7 @@ def test_wheel_install_finds_bpf_sources(tmp_path: Path) -> None:
                     "--target", str(target), str(ROOT)], check=True, cwd=tmp_path)
     shipped = {p.name for p in (target / "ember" / "bpf").iterdir()}
     assert {"ember.h", "common.h", "unwind_fp.h", "oncpu.c", "offcpu.c"} <= shipped
-    code = ("import ember.bpfbuild as t; d = t.bpf_source_dir(); print(d); "
+    code = ("import ember.kernel.build as t; d = t.bpf_source_dir(); print(d); "
             "assert 'ember_sched_switch' in t.flatten_source('offcpu.c')")
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True,
                          env={"PYTHONPATH": str(target)}, cwd=tmp_path).stdout

@@ -7,7 +7,7 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ember.perfmap import PerfMap, ns_pid, parse_perf_map
+from ember.symbols.perfmap import PerfMap, ns_pid, parse_perf_map
 
 
 def test_parse_skips_bad_lines() -> None:

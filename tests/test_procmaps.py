@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ember.procmaps import PF_KTHREAD, ProcessTable, ProcFS, parse_maps, parse_stat
+from ember.symbols.procmaps import PF_KTHREAD, ProcessTable, ProcFS, parse_maps, parse_stat
 
 MAPS = """\
 55d0c8a00000-55d0c8a01000 r--p 00000000 08:01 1234                       /usr/bin/app

@@ -3,16 +3,9 @@ from __future__ import annotations
 import itertools
 from pathlib import Path
 
+from ember.agent.labels import ProcessLabels, cgroup_of, container_id, series_labels
 from ember.encode.pprof import decode_pprof
-from ember.series import (
-    PROFILE_ID_PREFIX,
-    ProcessLabels,
-    batch_requests,
-    cgroup_of,
-    container_id,
-    make_series,
-    series_labels,
-)
+from ember.encode.writeraw import PROFILE_ID_PREFIX, batch_requests, make_series
 from encode.sample_profiles import cpu_profile
 
 HEX = "a" * 64

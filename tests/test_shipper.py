@@ -10,12 +10,12 @@ import grpc
 from prometheus_client import CollectorRegistry
 from test_collector import series
 
-from ember.collector import Collector, _Servicer
+from ember.collector.server import Collector, _Servicer
 from ember.config import CollectorConfig
+from ember.export.shipper import Endpoint, Shipper
+from ember.export.spool import Spool
 from ember.metrics import AgentMetrics
 from ember.proto import profilestore_pb2 as ps
-from ember.shipper import Endpoint, Shipper
-from ember.spool import Spool
 from netutil import free_port
 
 

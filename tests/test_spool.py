@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ember.spool import Spool
+from ember.export.spool import Spool
 
 
 def test_oldest_first_and_survives_reopen(tmp_path: Path) -> None:

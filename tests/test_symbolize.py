@@ -5,10 +5,10 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from ember.elfsym import ElfSymbols
 from ember.model import FrameKind
-from ember.procmaps import ProcessTable, ProcFS
-from ember.symbolize import ObjectCache, Symbolizer
+from ember.symbols.elf import ElfSymbols
+from ember.symbols.procmaps import ProcessTable, ProcFS
+from ember.symbols.symbolizer import ObjectCache, Symbolizer
 from test_elfsym import nm
 from test_procmaps import write_proc
 

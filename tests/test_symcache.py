@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from ember.elfsym import ElfSymbols
-from ember.symbolize import ObjectCache
-from ember.symcache import CachedSymbols, DiskSymbolCache
+from ember.symbols.diskcache import CachedSymbols, DiskSymbolCache
+from ember.symbols.elf import ElfSymbols
+from ember.symbols.symbolizer import ObjectCache
 
 
 def test_round_trip_gives_the_same_lookups(tmp_path: Path, fixture_bin: Path) -> None:
@@ -73,7 +73,7 @@ def test_consistent_checksum_but_inconsistent_arrays_refused(tmp_path: Path,
                                                              fixture_bin: Path) -> None:
     """A well-formed file whose arrays make no sense (unsorted starts) is
     refused too: the checksum is not the only check."""
-    from ember.elfsym import SymbolIndex
+    from ember.symbols.elf import SymbolIndex
 
     obj = ElfSymbols(fixture_bin / "pie_main")
     starts, ends, names, strtab = obj.index.arrays()
@@ -105,7 +105,7 @@ def test_bounded_least_recently_used_first(tmp_path: Path, fixture_bin: Path) ->
 
 
 def test_unusable_directory_is_a_config_error(tmp_path: Path) -> None:
-    from ember.agent import _disk_cache
+    from ember.agent.controller import _disk_cache
     from ember.config import AgentConfig
     from ember.errors import ConfigError
 

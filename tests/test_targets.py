@@ -4,8 +4,8 @@ import os
 from pathlib import Path
 
 from ember import abi
+from ember.agent.targets import TargetResolver, cgroup2_root
 from ember.config import Targets
-from ember.targets import TargetResolver, cgroup2_root
 
 
 def fake_proc(root: Path, pid: int, comm: str, exe: str) -> None:

@@ -27,7 +27,7 @@ from . import __version__, abi
 from .errors import ALL_ERRORS
 
 if TYPE_CHECKING:
-    from .tracer import Program
+    from .kernel.program import Program
 
 #: BPF stat -> (metric, labels) for the kernel-side drop and event counters.
 _LOST = {

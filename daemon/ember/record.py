@@ -16,12 +16,18 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import abi, host
-from .builder import MODE_OF, SampleBuilder
-from .debuginfo import DEFAULT_DEBUG_DIRS
-from .drain import Drainer, DrainStats
+from . import abi
 from .errors import SymbolizationError, UsageError
-from .ksyms import KernelSymbols
+from .kernel import preflight as host
+from .kernel.drain import Drainer, DrainStats
+from .kernel.program import (
+    Program,
+    offcpu_sampled_spec,
+    offcpu_spec,
+    oncpu_spec,
+    self_tgid,
+    wait_new_processes,
+)
 from .model import (
     OFFCPU_TYPE,
     OFFWAKE_TYPE,
@@ -33,16 +39,11 @@ from .model import (
     cpu_type,
     merge_samples,
 )
-from .procmaps import ProcessTable, ProcessWatcher, ProcFS
-from .symbolize import ObjectCache, Symbolizer
-from .tracer import (
-    Program,
-    offcpu_sampled_spec,
-    offcpu_spec,
-    oncpu_spec,
-    self_tgid,
-    wait_new_processes,
-)
+from .stacks import MODE_OF, SampleBuilder
+from .symbols.debuginfo import DEFAULT_DEBUG_DIRS
+from .symbols.kallsyms import KernelSymbols
+from .symbols.procmaps import ProcessTable, ProcessWatcher, ProcFS
+from .symbols.symbolizer import ObjectCache, Symbolizer
 
 log = logging.getLogger(__name__)
 

@@ -18,12 +18,12 @@ import pytest
 from prometheus_client import generate_latest
 
 from ember import config
-from ember.agent import Agent
-from ember.collector import Collector
+from ember.agent.controller import Agent
+from ember.collector.server import Collector
 from ember.config import AgentConfig, CollectorConfig, Targets
 from ember.encode.pprof import decode_pprof, from_proto
+from ember.encode.writeraw import PROFILE_ID_PREFIX
 from ember.proto import profilestore_pb2 as ps
-from ember.series import PROFILE_ID_PREFIX
 from netutil import free_port
 
 from .helpers import inclusive
@@ -209,7 +209,7 @@ def stored_pids(c: Collector) -> set[str]:
 
 
 def test_comm_and_cgroup_targets_filter_in_the_kernel(start_workload, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    from ember.targets import cgroup2_root
+    from ember.agent.targets import cgroup2_root
 
     shares, pie, other = (start_workload("cpu_shares"), start_workload("pie_main"),
                           start_workload("cpp_names"))
@@ -305,8 +305,8 @@ def test_pod_metadata_labels(start_workload, tmp_path: Path) -> None:  # type: i
     and pod labels, after the relabeling rules."""
     from kubefake import fake_api_server
 
-    from ember.relabel import Rule
-    from ember.targets import cgroup2_root
+    from ember.agent.relabel import Rule
+    from ember.agent.targets import cgroup2_root
 
     cid = "a" * 63 + "1"
     uid = "0f3c2a1e-5b6d-4c7e-8f90-123456789abc"

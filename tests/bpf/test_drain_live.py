@@ -12,8 +12,8 @@ from collections.abc import Callable
 import pytest
 
 from ember import abi
-from ember.drain import Drainer
-from ember.tracer import Program, offcpu_sampled_spec, offcpu_spec, oncpu_spec, self_tgid
+from ember.kernel.drain import Drainer
+from ember.kernel.program import Program, offcpu_sampled_spec, offcpu_spec, oncpu_spec, self_tgid
 
 pytestmark = pytest.mark.bpf
 

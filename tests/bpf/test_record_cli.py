@@ -88,7 +88,7 @@ def test_ctrl_c_still_writes(start_workload, tmp_path: Path) -> None:  # type: i
 
 
 def test_programs_compile_with_warnings_as_errors() -> None:
-    from ember.tracer import Program, offcpu_sampled_spec, offcpu_spec, oncpu_spec
+    from ember.kernel.program import Program, offcpu_sampled_spec, offcpu_spec, oncpu_spec
     for spec in (oncpu_spec(), offcpu_spec(), offcpu_sampled_spec()):
         Program(spec, strict=True).close()
 

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from ember.elfsym import ElfSymbols
-from ember.procmaps import ProcessTable, ProcFS
-from ember.symbolize import Symbolizer
+from ember.symbols.elf import ElfSymbols
+from ember.symbols.procmaps import ProcessTable, ProcFS
+from ember.symbols.symbolizer import Symbolizer
 
 pytestmark = pytest.mark.bpf
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from ember import config
-from ember.collector import Collector
+from ember.collector.server import Collector
 from ember.config import AgentConfig, CollectorConfig, Targets
 from ember.record import RecordOptions
 from netutil import free_port

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from ember import config
-from ember.collector import Collector
+from ember.collector.server import Collector
 from ember.config import AgentConfig, CollectorConfig, Targets
 from netutil import free_port
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 from collections import Counter
 
-from ember.encode.svg import (
+from ember.flamegraph.svg import (
     FRAME_H,
     PAD_X,
     Options,

@@ -1,0 +1,1 @@
+"""``ember agent``: continuous profiling of a host, shipped to backends."""

@@ -1,0 +1,2 @@
+"""``ember collector``: receives profiles, stores them, answers queries and
+serves the web UI."""

@@ -1,0 +1,274 @@
+"""Draining the kernel's aggregates without losing or double-counting a sample.
+
+The BPF programs add to ``ember_counts`` under the current *epoch* (a field of
+every key) and store stacks in stack map ``stack_epoch % G``. One drain of
+epoch ``e``:
+
+0. snapshot the pending off-CPU starts: each holds stack ids of the slot that
+   this drain clears; resolve those stacks now and *carry* them in memory, so
+   a thread blocked for minutes still gets its stack when it wakes;
+1. write epoch ``e + 1`` into ``ember_config``: new events go to the new epoch;
+2. wait for an RCU grace period (``membarrier(MEMBARRIER_CMD_GLOBAL)`` runs
+   ``synchronize_rcu()``). BPF programs run inside RCU read-side sections, so
+   afterwards no program still writes epoch ``e``;
+3. read every count of epoch ``<= e`` (batch lookup) and resolve its stacks;
+4. delete exactly those keys, never the new epoch's;
+5. clear stack slot ``(e - (G - 2)) % G``; it becomes active again only after
+   the next flip(s).
+
+On-CPU samples take their stacks and count in the same epoch: two stack maps
+suffice (G = 2). An off-CPU block takes its stacks at switch-out and counts at
+switch-in, possibly an epoch later, so its counts may name the previous epoch's
+stacks: three stack maps (G = 3), the previous one cleared one drain later.
+
+Nothing here touches bcc: ``DrainMaps`` is the seam. The real implementation is
+in ``tracer.py``; tests drive this module with an in-memory fake.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import errno
+import logging
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from .. import abi
+
+log = logging.getLogger(__name__)
+
+#: Why a stack is absent, as shown in frames and counted in metrics.
+STACK_COLLISION = "collision"       # the stack map bucket held another stack
+STACK_MISSING = "missing"           # the id was not in the stack map any more
+STACK_ERROR = "error"               # bpf_get_stackid failed otherwise
+STACK_UNAVAILABLE = "unavailable"   # -EFAULT: no stack of this kind (kernel thread)
+STACK_NOT_REQUESTED = "not-requested"
+STACK_LATE = "late"                 # sampled off-CPU: back in user space unseen
+
+
+@dataclass(frozen=True)
+class Stack:
+    """Instruction pointers leaf first, as the kernel walked them, or why not."""
+
+    ips: tuple[int, ...] = ()
+    problem: str | None = None
+
+    @property
+    def truncated(self) -> bool:
+        return len(self.ips) >= abi.MAX_STACK_DEPTH
+
+
+@dataclass(frozen=True)
+class Record:
+    """One drained counts entry with its stacks resolved to addresses."""
+
+    pid: int
+    tid: int
+    comm: str
+    state: int
+    user: Stack
+    kernel: Stack
+    count: int
+    total_ns: int
+    in_flight: bool = False  # an off-CPU block still going on at the final drain
+    kind: int = abi.KIND_ONCPU
+    # the other thread of a wakeup (waker for off-wake, wakee for wakeup)
+    peer_pid: int = 0
+    peer_tid: int = 0
+    peer_comm: str = ""
+    peer_user: Stack = Stack(problem=STACK_NOT_REQUESTED)
+    peer_kernel: Stack = Stack(problem=STACK_NOT_REQUESTED)
+
+
+@dataclass
+class DrainStats:
+    records: int = 0
+    events: int = 0
+    total_ns: int = 0
+    stacks_missing: int = 0
+    stacks_truncated: int = 0
+    stacks_carried: int = 0
+    pending: int = 0          # off-CPU blocks in progress at the snapshot
+    duration_s: float = 0.0
+
+
+@dataclass
+class DrainResult:
+    records: list[Record] = field(default_factory=list)
+    stats: DrainStats = field(default_factory=DrainStats)
+
+
+class DrainMaps(Protocol):
+    """What the drainer needs from one loaded BPF program's maps."""
+
+    generations: int
+
+    def write_epoch(self, epoch: int) -> None: ...
+    def counts(self) -> Sequence[tuple[abi.Key, abi.Value]]: ...
+    def delete_counts(self, keys: Sequence[abi.Key]) -> None: ...
+    def starts(self) -> Sequence[tuple[int, abi.Start]]: ...
+    def wakes(self) -> Sequence[tuple[int, abi.Wake]]: ...
+    def stack(self, slot: int, stack_id: int) -> tuple[int, ...] | None: ...
+    def clear_stacks(self, slot: int) -> None: ...
+
+
+# --- RCU grace period ---------------------------------------------------------
+
+_MEMBARRIER_CMD_QUERY = 0
+_MEMBARRIER_CMD_GLOBAL = 1
+_SYS_MEMBARRIER = 324  # x86_64
+
+
+class GracePeriod:
+    """Waits until every BPF program that started before the call has ended."""
+
+    def __init__(self, fallback_s: float = 0.05) -> None:
+        self.fallback_s = fallback_s
+        self._syscall = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True).syscall
+        mask = self._syscall(_SYS_MEMBARRIER, _MEMBARRIER_CMD_QUERY, 0, 0)
+        self.exact = mask >= 0 and bool(mask & _MEMBARRIER_CMD_GLOBAL)
+        if not self.exact:
+            log.warning("membarrier(GLOBAL) unavailable (nohz_full?): waiting %.0f ms "
+                        "after each epoch flip instead", fallback_s * 1000)
+
+    def wait(self) -> None:
+        if self.exact:
+            rc = self._syscall(_SYS_MEMBARRIER, _MEMBARRIER_CMD_GLOBAL, 0, 0)
+            if rc == 0:
+                return
+            log.warning("membarrier failed: %s", os.strerror(ctypes.get_errno() or errno.EINVAL))
+        time.sleep(self.fallback_s)
+
+
+# --- the drainer --------------------------------------------------------------
+
+
+def _comm(raw: bytes) -> str:
+    return raw.split(b"\0", 1)[0].decode("utf-8", "replace")
+
+
+class Drainer:
+    def __init__(self, maps: DrainMaps, grace: GracePeriod | None = None, epoch: int = 0):
+        if maps.generations not in (2, 3):
+            raise ValueError("stack generations must be 2 or 3")
+        self.maps = maps
+        self.grace = grace or GracePeriod()
+        self.epoch = epoch
+        self.carried: dict[tuple[int, int], tuple[int, ...] | None] = {}
+
+    @property
+    def _keep(self) -> int:
+        """How many epochs back stack slots stay intact after a drain."""
+        return self.maps.generations - 2
+
+    def drain(self, final: bool = False, now_ns: int | None = None,
+              min_ns: int = 0, max_ns: int = 0) -> DrainResult:
+        """Drain the current epoch. With ``final`` (programs detached), also
+        report off-CPU blocks still in progress, timed until ``now_ns`` and
+        kept when ``min_ns <= duration <= max_ns`` (``max_ns`` 0: no limit)."""
+        t0 = time.monotonic()
+        e = self.epoch
+        result = DrainResult()
+        cache: dict[tuple[int, int], tuple[int, ...] | None] = {}
+
+        def from_map(se: int, sid: int) -> tuple[int, ...] | None:
+            k = (se, sid)
+            if k not in cache:
+                cache[k] = self.maps.stack(se % self.maps.generations, sid)
+            return cache[k]
+
+        in_map = range(e - self._keep, e + 1)  # epochs whose stack slots are intact now
+
+        # 0. carry the stacks of blocks that outlive the slot cleared below.
+        pending = self.maps.starts()
+        new_carried: dict[tuple[int, int], tuple[int, ...] | None] = {}
+        refs: list[tuple[int, int, int]] = [
+            (s.stack_epoch, s.user_stack_id, s.kernel_stack_id) for _, s in pending]
+        refs += [(w.stack_epoch, w.user_stack_id, w.kernel_stack_id) for _, w in self.maps.wakes()]
+        for stack_epoch, user_id, kernel_id in refs:
+            if stack_epoch > e - self._keep:
+                continue
+            for sid in (user_id, kernel_id):
+                ref = (stack_epoch, sid)
+                if sid < 0 or ref in new_carried:
+                    continue
+                new_carried[ref] = (from_map(*ref) if stack_epoch in in_map
+                                    else self.carried.get(ref))
+        lookup_carried = {**self.carried, **new_carried}
+
+        # 1-2. flip, then wait until nothing writes epoch e any more.
+        if not final:
+            self.maps.write_epoch(e + 1)
+            self.grace.wait()
+
+        def resolve(se: int, sid: int) -> Stack:
+            if sid == abi.STACK_NONE:
+                return Stack(problem=STACK_NOT_REQUESTED)
+            if sid == abi.STACK_LATE:
+                return Stack(problem=STACK_LATE)
+            if sid == abi.STACK_STALE:
+                result.stats.stacks_missing += 1
+                return Stack(problem=STACK_MISSING)
+            if sid == -errno.EEXIST:
+                return Stack(problem=STACK_COLLISION)
+            if sid == -errno.EFAULT:
+                return Stack(problem=STACK_UNAVAILABLE)
+            if sid < 0:
+                return Stack(problem=STACK_ERROR)
+            ips = from_map(se, sid) if se in in_map else lookup_carried.get((se, sid))
+            if ips is None:
+                result.stats.stacks_missing += 1
+                return Stack(problem=STACK_MISSING)
+            if len(ips) >= abi.MAX_STACK_DEPTH:
+                result.stats.stacks_truncated += 1
+            return Stack(ips=ips)
+
+        # 3. read this epoch's counts (all of them once the programs are gone).
+        drained: list[abi.Key] = []
+        no_peer = Stack(problem=STACK_NOT_REQUESTED)
+        for key, value in self.maps.counts():
+            if key.epoch > e and not final:
+                continue
+            drained.append(key)
+            peered = key.kind in (abi.KIND_WAKEUP, abi.KIND_OFFWAKE)
+            result.records.append(Record(
+                pid=key.pid, tid=key.tid, comm=_comm(key.comm), state=key.state,
+                user=resolve(key.stack_epoch, key.user_stack_id),
+                kernel=resolve(key.stack_epoch, key.kernel_stack_id),
+                count=value.count, total_ns=value.total_ns, kind=key.kind,
+                peer_pid=key.peer_pid, peer_tid=key.peer_tid, peer_comm=_comm(key.peer_comm),
+                peer_user=(resolve(key.peer_stack_epoch, key.peer_user_stack_id) if peered
+                           else no_peer),
+                peer_kernel=(resolve(key.peer_stack_epoch, key.peer_kernel_stack_id) if peered
+                             else no_peer),
+            ))
+            result.stats.events += value.count
+            result.stats.total_ns += value.total_ns
+
+        if final and now_ns is not None:
+            for tid, s in pending:
+                duration = now_ns - s.ts
+                if duration <= 0 or duration < min_ns or (max_ns and duration > max_ns):
+                    continue
+                result.records.append(Record(
+                    pid=s.pid, tid=tid, comm=_comm(s.comm), state=s.state,
+                    user=resolve(s.stack_epoch, s.user_stack_id),
+                    kernel=resolve(s.stack_epoch, s.kernel_stack_id),
+                    count=1, total_ns=duration, in_flight=True,
+                    kind=abi.KIND_RUNQ if s.state == abi.STATE_RUNNABLE else abi.KIND_BLOCKED,
+                ))
+
+        # 4-5. forget what was read; recycle the oldest stack slot.
+        self.maps.delete_counts(drained)
+        self.maps.clear_stacks((e - self._keep) % self.maps.generations)
+        self.carried = new_carried
+        self.epoch = e + 1
+        result.stats.records = len(result.records)
+        result.stats.stacks_carried = len(new_carried)
+        result.stats.pending = len(pending)
+        result.stats.duration_s = time.monotonic() - t0
+        return result

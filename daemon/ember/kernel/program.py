@@ -1,0 +1,270 @@
+"""The BPF edge: ember's programs, built by bpfbuild.py (bcc, in a child
+process), attached here through plain system calls (bpfsys.py), their maps
+exposed to the drainer (bpfmaps.py). The rest of ember is plain Python.
+"""
+
+from __future__ import annotations
+
+import ctypes as ct
+import logging
+import os
+import select
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from .. import abi
+from . import syscalls as bpfsys
+from .build import (
+    ProgramSpec,
+    build,
+    flatten_source,
+    offcpu_sampled_spec,
+    offcpu_spec,
+    oncpu_spec,
+)
+
+__all__ = ["Program", "ProgramSpec", "flatten_source", "offcpu_sampled_spec", "offcpu_spec",
+           "oncpu_spec", "self_tgid"]
+from ..errors import BpfError
+from .maps import BpfMap, PerCpuArray, RingBuffer, StackMap
+
+log = logging.getLogger(__name__)
+
+class Program:
+    """One built BPF object with ember's maps.
+
+    Implements drain.DrainMaps."""
+
+    def __init__(self, spec: ProgramSpec, strict: bool = False):
+        self.spec = spec
+        self.generations = spec.defines.get("EMBER_STACK_GENERATIONS", 2)
+        self.built = build(spec, strict)
+        self._attach_fds: list[int] = []
+        try:
+            self._open_maps()
+        except BpfError:
+            self.built.close()
+            raise
+
+    def _open_maps(self) -> None:
+        self.config_map = self._map("ember_config", abi.Config)
+        self.targets_map = self._map("ember_targets", ct.c_uint8, key=ct.c_uint32)
+        self.cgroups_map = self._map("ember_cgroups", ct.c_uint8, key=ct.c_uint64)
+        self.counts_map = self._map("ember_counts", abi.Value, key=abi.Key)
+        self.stats_map = PerCpuArray("ember_stats", self._fd("ember_stats"), abi.STAT_MAX)
+        self.stack_maps = [StackMap(f"ember_stacks_{i}", self._fd(f"ember_stacks_{i}"),
+                                    self._max("ember_stacks_0"))
+                           for i in range(self.generations)]
+        self.pids_map = self._map("ember_pids", ct.c_uint64, key=ct.c_uint32)
+        self.new_pids = RingBuffer("ember_new_pids", self._fd("ember_new_pids"),
+                                   self._max("ember_new_pids"))
+        self.sampled = self.spec.source == "offcpu_sampled.c"
+        # kernel stacks of sleeping threads (ids with TASK_STACK_BIT)
+        self.task_stack_maps = [StackMap(f"ember_tstacks_{i}", self._fd(f"ember_tstacks_{i}"),
+                                         self._max("ember_tstacks_0"))
+                                for i in range(self.generations)] if self.sampled else []
+        offcpu = self.spec.source == "offcpu.c"
+        self.starts_map = self._map("ember_starts", abi.Start, key=ct.c_uint32) if offcpu else None
+        self.wakes_map = self._map("ember_wakes", abi.Wake, key=ct.c_uint32) if offcpu else None
+        self.runq_hist_map = (self._map("ember_runq_hist", ct.c_uint64, key=abi.HistKey)
+                              if offcpu else None)
+
+    # -- map plumbing --
+    def _entry(self, name: str) -> tuple[int, int]:
+        try:
+            return self.built.maps[name]
+        except KeyError:
+            raise BpfError(f"map {name} missing from {self.spec.source}") from None
+
+    def _fd(self, name: str) -> int:
+        return self._entry(name)[0]
+
+    def _max(self, name: str) -> int:
+        return self._entry(name)[1]
+
+    def _map(self, name: str, value: Any, key: Any = ct.c_uint32) -> BpfMap:
+        return BpfMap(name, self._fd(name), key, value, self._max(name))
+
+    def map_memory(self) -> dict[str, int]:
+        """Kernel memory of each map, from the kernel's own accounting."""
+        return {name: bpfsys.map_memory(fd) for name, (fd, _) in self.built.maps.items()}
+
+    # -- configuration --
+    def configure(self, cfg: abi.Config) -> None:
+        self.config_map.update(ct.c_uint32(0), cfg)
+
+    def config(self) -> abi.Config:
+        cfg = self.config_map.lookup(ct.c_uint32(0))
+        assert cfg is not None
+        return cfg  # type: ignore[no-any-return]
+
+    def set_targets(self, pids: Iterable[int]) -> None:
+        _sync_set(self.targets_map, set(pids), ct.c_uint32)
+
+    def set_cgroups(self, cgroup_ids: Iterable[int]) -> None:
+        _sync_set(self.cgroups_map, set(cgroup_ids), ct.c_uint64)
+
+    # -- attach --
+    def _prog(self, fn: str, kind: str) -> int:
+        try:
+            return self.built.progs[f"{fn}@{kind}"]
+        except KeyError:
+            raise BpfError(f"{fn} ({kind}) not in {self.spec.source}") from None
+
+    def _attach_exec_hook(self) -> None:
+        try:
+            self._attach_fds.append(bpfsys.raw_tracepoint_open(
+                self._prog("ember_on_exec", "tp_btf/sched_process_exec")))
+        except OSError as exc:
+            self.detach()
+            raise BpfError(f"attaching tp_btf/sched_process_exec failed: {exc}") from None
+
+    def attach_cpu_clock(self, frequency: int) -> None:
+        """A cpu-clock perf event per online CPU, sampling at frequency Hz."""
+        self._attach_exec_hook()
+        prog = self._prog("ember_on_cpu", "perf_event")
+        try:
+            for cpu in bpfsys.online_cpus():
+                fd = bpfsys.perf_event_open(bpfsys.PERF_TYPE_SOFTWARE,
+                                            bpfsys.PERF_COUNT_SW_CPU_CLOCK, cpu, freq=frequency)
+                self._attach_fds.append(fd)
+                bpfsys.perf_attach_bpf(fd, prog)
+        except OSError as exc:
+            self.detach()
+            raise BpfError(f"attaching the cpu-clock perf event failed: {exc}") from None
+
+    def attach_sched_switch(self) -> None:
+        """sched_switch, and sched_waking (to split blocked from queued time)."""
+        self._attach_exec_hook()
+        for tp, fn in (("sched_waking", "ember_sched_waking"),
+                       ("sched_switch", "ember_sched_switch")):
+            try:
+                fd = bpfsys.perf_event_open(bpfsys.PERF_TYPE_TRACEPOINT,
+                                            bpfsys.tracepoint_id("sched", tp), 0, period=1)
+                self._attach_fds.append(fd)
+                bpfsys.perf_attach_bpf(fd, self._prog(fn, "tracepoint"))
+            except OSError as exc:
+                self.detach()
+                raise BpfError(f"attaching sched:{tp} failed: {exc}") from None
+
+    def attach_sampled_offcpu(self, sys_exit: bool = False) -> None:
+        """sched_switch, rseq_update and optionally sys_exit, as BTF
+        tracepoints (offcpu_sampled.c). The resume hooks go first: a block
+        chosen at switch-in is never left without one."""
+        self._attach_exec_hook()
+        hooks = ["rseq_update"] + (["sys_exit"] if sys_exit else [])
+        links = [("ember_sampled_resume", f"tp_btf/{tp}") for tp in hooks]
+        links.append(("ember_sampled_switch", "tp_btf/sched_switch"))
+        for fn, kind in links:
+            try:
+                self._attach_fds.append(bpfsys.raw_tracepoint_open(self._prog(fn, kind)))
+            except OSError as exc:
+                self.detach()
+                raise BpfError(f"attaching {kind} failed: {exc}") from None
+
+    def detach(self) -> None:
+        """Stop the programs (close their events and links, newest first);
+        the maps stay readable until close()."""
+        while self._attach_fds:
+            os.close(self._attach_fds.pop())
+
+    def close(self) -> None:
+        self.detach()
+        self.new_pids.close()
+        self.built.close()
+
+    # -- drain.DrainMaps --
+    def write_epoch(self, epoch: int) -> None:
+        cfg = self.config()
+        cfg.epoch = epoch
+        self.configure(cfg)
+
+    def counts(self) -> Sequence[tuple[abi.Key, abi.Value]]:
+        return self.counts_map.lookup_batch()
+
+    def delete_counts(self, keys: Sequence[abi.Key]) -> None:
+        deleted = self.counts_map.delete_batch(keys)
+        if deleted != len(keys):
+            log.warning("deleted %d of %d drained counts", deleted, len(keys))
+
+    def starts(self) -> Sequence[tuple[int, abi.Start]]:
+        if self.starts_map is None:
+            return []
+        # a c_uint32 array indexes to int
+        return [(int(k), v) for k, v in self.starts_map.lookup_batch()]
+
+    def wakes(self) -> Sequence[tuple[int, abi.Wake]]:
+        if self.wakes_map is None:
+            return []
+        return [(int(k), v) for k, v in self.wakes_map.lookup_batch()]
+
+    def runq_histogram(self) -> dict[int, list[int]]:
+        """pid -> counts per log2-microsecond slot (cumulative since load)."""
+        out: dict[int, list[int]] = {}
+        if self.runq_hist_map is None:
+            return out
+        for k, v in self.runq_hist_map.lookup_batch():
+            slots = out.setdefault(int(k.pid), [0] * abi.RUNQ_HIST_SLOTS)
+            slots[min(int(k.slot), abi.RUNQ_HIST_SLOTS - 1)] += int(v)
+        return out
+
+    def stack(self, slot: int, stack_id: int) -> tuple[int, ...] | None:
+        if stack_id & abi.TASK_STACK_BIT and self.task_stack_maps:
+            return self.task_stack_maps[slot].read(stack_id)
+        return self.stack_maps[slot].read(stack_id)
+
+    def clear_stacks(self, slot: int) -> None:
+        self.stack_maps[slot].clear()
+        if self.task_stack_maps:
+            self.task_stack_maps[slot].clear()
+
+    def stats(self) -> dict[abi.Stat, int]:
+        values = self.stats_map.read_all()
+        return {s: values[int(s)] for s in abi.Stat}
+
+    def take_new_pids(self) -> list[int]:
+        """Processes noted since the last call, from the ring (cheap: no
+        system call when there is nothing)."""
+        return [int.from_bytes(r[:4], "little") for r in self.new_pids.consume() if len(r) >= 4]
+
+    def take_active_pids(self) -> list[int]:
+        """Processes with events since the last call (the entries are consumed)."""
+        entries = self.pids_map.lookup_batch()
+        self.pids_map.delete_batch([ct.c_uint32(int(k)) for k, _ in entries])
+        return [int(k) for k, _ in entries]
+
+    def run_stats(self) -> tuple[int, int]:
+        """(run_time_ns, run_cnt) of this object's programs, from the kernel's
+        BPF statistics (zero unless kernel.bpf_stats_enabled=1)."""
+        t = n = 0
+        for fd in self.built.progs.values():
+            dt, dn = bpfsys.prog_stats(fd)
+            t += dt
+            n += dn
+        return t, n
+
+
+def wait_new_processes(programs: Sequence[Program], timeout: float) -> list[int]:
+    """Block up to timeout seconds for processes the programs see for the
+    first time; their PIDs (possibly none)."""
+    rings = [p.new_pids for p in programs]
+    if rings:
+        select.select(rings, [], [], max(0.0, timeout))
+    else:
+        time.sleep(max(0.0, timeout))
+    return [pid for p in programs for pid in p.take_new_pids()]
+
+
+def _sync_set(m: BpfMap, wanted: set[int], ctype: Any) -> None:
+    """Make a key -> 1 map hold exactly the wanted keys (adds first, so a key
+    kept across the update is never missing)."""
+    for key in wanted:
+        m.update(ctype(key), ct.c_uint8(1))
+    for key in list(m.keys()):
+        if key.value not in wanted:
+            m.delete(ctype(key.value))
+
+
+def self_tgid() -> int:
+    return os.getpid()

@@ -1,0 +1,48 @@
+"""Loading BTF tracepoint (tp_btf) programs that bcc compiled.
+
+A tp_btf program gets the tracepoint's raw arguments with their kernel types,
+so it can hand ``struct task_struct *`` to helpers such as task storage and
+bpf_get_task_stack. bcc 0.26 compiles such a function but cannot load it (its
+loader drops the attach type when it looks up the BTF id), so ember loads the
+instructions bcc produced, already relocated against bcc's maps, with
+BPF_PROG_LOAD as BPF_PROG_TYPE_TRACING / BPF_TRACE_RAW_TP. Attaching is
+BPF_RAW_TRACEPOINT_OPEN (bpfsys.raw_tracepoint_open): no trampoline, so this
+works where fentry/fexit are refused. Runs where bcc is loaded (the build
+child, benchmarks).
+"""
+
+from __future__ import annotations
+
+import ctypes as ct
+from typing import Any
+
+from ..errors import BpfError
+from . import syscalls as bpfsys
+
+_LOG_SIZE = 1 << 20
+
+
+def load_tp_btf(bpf: Any, fn_name: str, tracepoint: str) -> int:
+    """Load bcc-compiled function fn_name for tp_btf/tracepoint; the prog fd."""
+    from bcc import lib
+
+    name = fn_name.encode()
+    start = lib.bpf_function_start(bpf.module, name)
+    size = lib.bpf_function_size(bpf.module, name)
+    if not start or not size:
+        raise BpfError(f"BPF function {fn_name} not compiled")
+    find = lib.libbpf_find_vmlinux_btf_id
+    find.argtypes = [ct.c_char_p, ct.c_int]
+    find.restype = ct.c_int
+    btf_id = find(tracepoint.encode(), bpfsys.TRACE_RAW_TP)
+    if btf_id <= 0:
+        raise BpfError(f"tracepoint {tracepoint} not in the kernel's BTF "
+                       "(needs CONFIG_DEBUG_INFO_BTF)")
+    log = ct.create_string_buffer(_LOG_SIZE)
+    try:
+        return bpfsys.prog_load_tracing(ct.cast(start, ct.c_void_p).value or 0, size, name,
+                                        btf_id, log)
+    except OSError as exc:
+        tail = log.value.decode(errors="replace").strip().splitlines()[-12:]
+        raise BpfError(f"loading {fn_name} for tp_btf/{tracepoint} failed: "
+                       f"{exc.strerror}\n" + "\n".join(tail)) from None

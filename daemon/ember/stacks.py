@@ -1,0 +1,114 @@
+"""Drained records -> model samples: symbolize, order root first, mark what
+is missing, and attach thread labels."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from . import abi
+from .kernel.drain import (
+    STACK_COLLISION,
+    STACK_LATE,
+    STACK_MISSING,
+    STACK_NOT_REQUESTED,
+    STACK_UNAVAILABLE,
+    Record,
+    Stack,
+)
+from .model import Frame, FrameKind, ProfileType, Sample
+from .symbols.symbolizer import Symbolizer
+
+KIND_OF = {"cpu": abi.KIND_ONCPU, "offcpu": abi.KIND_BLOCKED, "runqlat": abi.KIND_RUNQ,
+           "wakeup": abi.KIND_WAKEUP, "offwake": abi.KIND_OFFWAKE}
+#: Which BPF counting mode each off-CPU profile type needs.
+MODE_OF = {"offcpu": abi.MODE_BLOCKED, "runqlat": abi.MODE_RUNQ, "wakeup": abi.MODE_WAKEUP,
+           "offwake": abi.MODE_OFFWAKE}
+
+
+def _lost(part: str, problem: str) -> Frame:
+    kind = FrameKind.USER if part == "user" else FrameKind.KERNEL
+    if problem == STACK_COLLISION:
+        return Frame.marker(f"[lost {part} stack: collision]", kind)
+    if problem == STACK_MISSING:
+        return Frame.marker(f"[lost {part} stack: evicted]", kind)
+    if problem == STACK_UNAVAILABLE:
+        return Frame.marker(f"[no {part} stack]", kind)
+    if problem == STACK_LATE:
+        return Frame.marker(f"[lost {part} stack: resumed unseen]", kind)
+    return Frame.marker(f"[lost {part} stack: error]", kind)
+
+
+class SampleBuilder:
+    def __init__(self, symbolizer: Symbolizer, ptype: ProfileType):
+        self.symbolizer = symbolizer
+        self.ptype = ptype
+        self.truncated = 0
+        self.lost_user = 0
+        self.lost_kernel = 0
+
+    def _part(self, part: str, stack: Stack, pid: int, kernel_thread: bool) -> list[Frame]:
+        """Frames of one stack, root first."""
+        if stack.problem == STACK_NOT_REQUESTED:
+            return []
+        if stack.problem is not None:
+            if stack.problem == STACK_UNAVAILABLE and (part == "kernel" or kernel_thread):
+                # No stack of that kind to take: a sample in user mode has no
+                # kernel frames, a kernel thread has no user stack.
+                return []
+            if part == "user":
+                self.lost_user += 1
+            else:
+                self.lost_kernel += 1
+            return [_lost(part, stack.problem)]
+        frames = (self.symbolizer.user_frames(pid, stack.ips) if part == "user"
+                  else self.symbolizer.kernel_frames(stack.ips))
+        frames.reverse()
+        if stack.truncated:
+            self.truncated += 1
+            kind = FrameKind.USER if part == "user" else FrameKind.KERNEL
+            frames.insert(0, Frame.marker("[truncated]", kind))
+        return frames
+
+    def _stack(self, r_user: Stack, r_kernel: Stack, pid: int) -> list[Frame]:
+        proc = self.symbolizer.processes.get(pid)
+        kthread = proc.kernel_thread if proc else (r_user.problem == STACK_UNAVAILABLE
+                                                   and r_kernel.problem is None)
+        return (self._part("user", r_user, pid, kthread)
+                + self._part("kernel", r_kernel, pid, kthread))
+
+    def build(self, records: Iterable[Record]) -> list[Sample]:
+        kind = KIND_OF[self.ptype.name]
+        records = [r for r in records if r.kind == kind]
+        procs = self.symbolizer.processes
+        procs.touch({r.pid for r in records} | {r.peer_pid for r in records if r.peer_pid})
+        samples = []
+        for r in records:
+            frames = self._stack(r.user, r.kernel, r.pid)
+            labels: tuple[tuple[str, str], ...] = ()
+            if kind == abi.KIND_ONCPU:
+                values = (r.count, r.count * self.ptype.period)
+            else:
+                values = (r.count, r.total_ns)
+            if kind == abi.KIND_BLOCKED:
+                state = abi.state_name(r.state)
+                frames.append(Frame.marker(f"[{state}]"))
+                labels = (("thread_state", state),)
+            elif kind == abi.KIND_RUNQ:
+                frames.append(Frame.marker("[runqueue]"))
+                labels = (("thread_state", "runnable"),)
+            elif kind == abi.KIND_WAKEUP:
+                # the waker's stack; the leaf names whom it woke
+                frames.append(Frame.marker(f"[wakes {r.peer_comm}]"))
+                labels = (("wakee_pid", str(r.peer_pid)), ("wakee_comm", r.peer_comm))
+            elif kind == abi.KIND_OFFWAKE:
+                # as bcc's offwaketime folds it: the blocked stack root first,
+                # "--", then the waker's stack leaf first, then the waker
+                waker = self._stack(r.peer_user, r.peer_kernel, r.peer_pid)
+                waker.reverse()
+                frames += [Frame.marker("--"), *waker, Frame.marker(r.peer_comm)]
+                labels = (("waker_pid", str(r.peer_pid)), ("waker_comm", r.peer_comm))
+            if r.in_flight:
+                labels += (("in_flight", "true"),)
+            samples.append(Sample(tuple(frames), values, r.pid, r.tid, r.comm, labels))
+        procs.expire()
+        return samples
