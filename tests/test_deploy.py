@@ -16,8 +16,8 @@ import yaml
 
 from ember import config
 from ember.agent import sdnotify
+from tests.support import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 K8S = ROOT / "deploy/kubernetes"
 K8S_VERSION = "1.32.0"
 

@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.support import ROOT
 
 
 def test_wheel_install_finds_bpf_sources(tmp_path: Path) -> None:

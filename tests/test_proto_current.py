@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
-DAEMON = Path(__file__).resolve().parent.parent / "daemon"
+from tests.support import ROOT
+
+DAEMON = ROOT / "daemon"
 
 
 @pytest.mark.parametrize("proto", sorted(p.name for p in (DAEMON / "ember/proto").glob("*.proto")))

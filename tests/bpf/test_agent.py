@@ -7,58 +7,27 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
-from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import suppress
 from pathlib import Path
 
 import pytest
 from prometheus_client import generate_latest
 
 from ember import config
-from ember.agent.controller import Agent
 from ember.collector.server import Collector
-from ember.config import AgentConfig, CollectorConfig, Targets
+from ember.config import Targets
 from ember.encode.pprof import decode_pprof, from_proto
 from ember.encode.writeraw import PROFILE_ID_PREFIX
 from ember.proto import profilestore_pb2 as ps
-from netutil import free_port
-
-from .helpers import inclusive
+from tests.support.agent import agent_cfg, running_agent
+from tests.support.collector import collector_at
+from tests.support.net import free_port
+from tests.support.record import inclusive
 
 pytestmark = pytest.mark.bpf
 
-
-
-def collector_at(tmp_path: Path, port: int) -> Collector:
-    c = Collector(CollectorConfig(grpc_listen=f"127.0.0.1:{port}", http_listen="127.0.0.1:0",
-                                  storage=str(tmp_path / "db.sqlite")))
-    c.start()
-    return c
-
-
-@contextmanager
-def running_agent(cfg: AgentConfig) -> Iterator[Agent]:
-    agent = Agent(cfg)
-    agent.start()
-    stop, reload = threading.Event(), threading.Event()
-    t = threading.Thread(target=agent.run, args=(stop, reload))
-    t.start()
-    try:
-        yield agent
-    finally:
-        stop.set()
-        t.join(timeout=60)
-
-
-def agent_cfg(tmp_path: Path, port: int, pid: int, **kw: object) -> AgentConfig:
-    settings: dict[str, object] = {
-        "collector": f"127.0.0.1:{port}", "interval": 1.0, "frequency": 499,
-        "metrics_listen": "127.0.0.1:0", "spool_dir": str(tmp_path / "spool"),
-        "targets": Targets(pids=(pid,)), "max_backoff": 1.0}
-    return config.override(AgentConfig(), **{**settings, **kw})
 
 
 def stored_samples(c: Collector, type_: str) -> list[tuple[str, dict[str, str], object]]:

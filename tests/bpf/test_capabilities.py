@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 
 from ember.encode.folded import parse_folded
+from tests.support import ROOT
 
 pytestmark = pytest.mark.bpf
 
-ROOT = Path(__file__).resolve().parents[2]
 UNIT_CAPS = ("bpf", "perfmon", "sys_ptrace", "dac_read_search", "syslog")
 
 

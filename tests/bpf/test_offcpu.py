@@ -9,8 +9,7 @@ import time
 import pytest
 
 from ember.record import RecordOptions
-
-from .helpers import inclusive, record, record_short_waits, where
+from tests.support.record import inclusive, record, record_short_waits, where
 
 pytestmark = pytest.mark.bpf
 

@@ -12,8 +12,7 @@ import pytest
 
 from ember.model import Profile
 from ember.record import Recorder, RecordOptions
-
-from .helpers import inclusive, record, where
+from tests.support.record import inclusive, record, where
 
 pytestmark = pytest.mark.bpf
 

@@ -15,6 +15,7 @@ import pytest
 
 from ember.encode.folded import parse_folded
 from ember.encode.pprof import decode_pprof
+from tests.support import SRC
 
 pytestmark = pytest.mark.bpf
 
@@ -98,7 +99,7 @@ def test_lines_and_inlined_frames_in_pprof(start_workload, tmp_path: Path) -> No
     one Location per address whose Lines are scramble (inlined) at its loop,
     mix (inlined) at the call of scramble, work at the call of mix; go tool
     pprof reads them as inlined frames."""
-    src = Path(__file__).parents[1] / "fixtures" / "src" / "inline_lines.c"
+    src = SRC / "inline_lines.c"
     marks = {m: n for n, text in enumerate(src.read_text().splitlines(), start=1)
              for m in ("SCRAMBLE_FOR", "SCRAMBLE_LOOP", "SCRAMBLE_MUL", "MIX_CALL",
                        "WORK_CALL")

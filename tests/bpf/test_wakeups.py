@@ -13,10 +13,9 @@ from ember import config
 from ember.collector.server import Collector
 from ember.config import AgentConfig, CollectorConfig, Targets
 from ember.record import RecordOptions
-from netutil import free_port
-
-from .helpers import record, where
-from .test_agent import running_agent
+from tests.support.agent import running_agent
+from tests.support.net import free_port
+from tests.support.record import record, where
 
 pytestmark = pytest.mark.bpf
 DURATION = 3.0

@@ -14,9 +14,8 @@ import pytest
 from ember import config
 from ember.collector.server import Collector
 from ember.config import AgentConfig, CollectorConfig, Targets
-from netutil import free_port
-
-from .test_agent import running_agent
+from tests.support.agent import running_agent
+from tests.support.net import free_port
 
 pytestmark = pytest.mark.bpf
 CHROMIUM = "/usr/bin/chromium"

@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from ember.encode.folded import encode_folded, parse_folded
-
-from .sample_profiles import cpu_profile, offcpu_profile
-
-GOLDEN = Path(__file__).resolve().parent.parent / "golden"
+from tests.support import GOLDEN
+from tests.support.profiles import cpu_profile, offcpu_profile
 
 
 @pytest.mark.parametrize(("name", "profile", "delimiter"), [

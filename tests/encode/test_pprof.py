@@ -5,8 +5,7 @@ from __future__ import annotations
 import gzip
 
 from ember.encode.pprof import decode_pprof, encode_pprof
-
-from .sample_profiles import EXE, cpu_profile, offcpu_profile
+from tests.support.profiles import EXE, cpu_profile, offcpu_profile
 
 
 def test_cpu_profile_fields() -> None:
@@ -70,8 +69,7 @@ def test_inlined_frames_share_one_location_with_lines() -> None:
 
     from ember.encode.pprof import from_proto, to_proto
     from ember.model import Profile, Sample, cpu_type
-
-    from .sample_profiles import MAIN
+    from tests.support.profiles import MAIN
 
     src = "/src/app.c"
     work = replace(MAIN, name="work", address=0x400300, file=src, line=33)

@@ -13,7 +13,7 @@ import pytest
 from ember.symbols.debuginfo import debug_file_for
 from ember.symbols.elf import ElfSymbols
 from ember.symbols.symbolizer import ObjectCache
-from test_elfsym import nm
+from tests.support.elf import nm
 
 LIBC = Path("/usr/lib/x86_64-linux-gnu/libc.so.6")
 

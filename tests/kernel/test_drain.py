@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from ember import abi
 from ember.kernel.drain import STACK_MISSING, Drainer, Record
-from fakes import FakeProgram, NoGrace
+from tests.support.fakes import FakeProgram, NoGrace
 
 STACKS = [(0x1000 + i, 0x2000 + i * 7, 0x3000) for i in range(6)]
 KSTACKS = [(0xFFFFFFFF81000000 + i,) for i in range(3)]

@@ -6,7 +6,6 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from otlpfake import otlp_server, stacks
 from prometheus_client import CollectorRegistry
 
 from ember.encode.otlp import ProcessProfile, to_otlp
@@ -14,6 +13,7 @@ from ember.export.shipper import OTLP, Endpoint, Shipper
 from ember.export.spool import Spool
 from ember.metrics import AgentMetrics
 from ember.model import OFFCPU_TYPE, Frame, FrameKind, Mapping, Sample, cpu_type
+from tests.support.otlp import otlp_server, stacks
 
 APP = Mapping(0x400000, 0x500000, 0, "/usr/bin/app", "ab" * 20)
 LIBC = Mapping(0x7F0000000000, 0x7F0000200000, 0x28000, "/usr/lib/libc.so.6", "cd" * 20)

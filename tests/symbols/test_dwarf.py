@@ -19,9 +19,10 @@ from ember.errors import DwarfError
 from ember.symbols.debuginfo import debug_file_for
 from ember.symbols.dwarf import DwarfLines, SourceLine
 from ember.symbols.elf import ElfSymbols
+from tests.support import BIN, SRC
 
 LIBC = Path("/usr/lib/x86_64-linux-gnu/libc.so.6")
-SRC = Path(__file__).parent / "fixtures" / "src" / "inline_lines.c"
+SOURCE = SRC / "inline_lines.c"
 
 
 def addr2line(path: Path | str, addrs: list[int]) -> dict[int, list[tuple[str, str, int]]]:
@@ -65,7 +66,7 @@ def instructions(path: Path, functions: set[str] | None = None) -> list[int]:
 
 
 def marked_line(marker: str) -> int:
-    for n, text in enumerate(SRC.read_text().splitlines(), start=1):
+    for n, text in enumerate(SOURCE.read_text().splitlines(), start=1):
         if f"/* {marker} */" in text:
             return n
     raise AssertionError(marker)
@@ -83,7 +84,7 @@ def test_inlined_chain_of_the_hot_loop(fixture_bin: Path) -> None:
             ("work", marked_line("WORK_CALL"))]
     assert any([(s.function, s.line) for s in c] == want for c in chains), chains
     assert all(c and c[-1].function == "work" for c in chains)
-    assert all(s.file == str(SRC.resolve()) for c in chains for s in c)
+    assert all(s.file == str(SOURCE.resolve()) for c in chains for s in c)
     assert lines.lookup(start - 0x100000) == []
 
 
@@ -170,7 +171,7 @@ def test_fuzz_mutated_dwarf(tmp_path_factory: pytest.TempPathFactory,
                             data: st.DataObject) -> None:
     """Mutations inside the DWARF sections: a DwarfError, or lookups that
     return lines or nothing; never another exception."""
-    exe = Path(__file__).parent / "fixtures" / "bin" / "inline_lines"
+    exe = BIN / "inline_lines"
     blob = bytearray(exe.read_bytes())
     out = subprocess.run(["readelf", "-SW", str(exe)], check=True, capture_output=True,
                          text=True).stdout

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import grpc
 from prometheus_client import CollectorRegistry
-from test_collector import series
 
 from ember.collector.server import Collector, _Servicer
 from ember.config import CollectorConfig
@@ -16,7 +15,8 @@ from ember.export.shipper import Endpoint, Shipper
 from ember.export.spool import Spool
 from ember.metrics import AgentMetrics
 from ember.proto import profilestore_pb2 as ps
-from netutil import free_port
+from tests.support.collector import series
+from tests.support.net import free_port
 
 
 def wait_for(cond: object, timeout: float = 20) -> bool:

@@ -1,30 +1,13 @@
+"""WriteRaw series: labels, profile ids, executable info, request packing."""
+
 from __future__ import annotations
 
 import itertools
-from pathlib import Path
 
-from ember.agent.labels import ProcessLabels, cgroup_of, container_id, series_labels
+from ember.agent.labels import ProcessLabels, series_labels
 from ember.encode.pprof import decode_pprof
 from ember.encode.writeraw import PROFILE_ID_PREFIX, batch_requests, make_series
-from encode.sample_profiles import cpu_profile
-
-HEX = "a" * 64
-
-
-def test_container_ids() -> None:
-    assert container_id("/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1_2."
-                        f"slice/cri-containerd-{HEX}.scope") == HEX
-    assert container_id(f"/kubepods/besteffort/pod1-2/{HEX}") == HEX
-    assert container_id(f"/kubepods/pod1/crio-{HEX}") == HEX
-    assert container_id(f"/system.slice/docker-{HEX}.scope") == HEX
-    assert container_id("/user.slice/user-0.slice/session-1.scope") == ""
-
-
-def test_cgroup_of(tmp_path: Path) -> None:
-    (tmp_path / "5").mkdir()
-    (tmp_path / "5" / "cgroup").write_text("0::/system.slice/x.service\n")
-    assert cgroup_of(5, tmp_path) == "/system.slice/x.service"
-    assert cgroup_of(6, tmp_path) == ""
+from tests.support.profiles import cpu_profile
 
 
 def test_series_labels_id_and_executable_info() -> None:

@@ -7,11 +7,12 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 from typing import ClassVar
 from urllib.parse import parse_qs, urlparse
 
-FIXTURES = Path(__file__).parent / "fixtures/kube"
+from . import FIXTURES
+
+KUBE = FIXTURES / "kube"
 
 
 class FakeApiServer(BaseHTTPRequestHandler):
@@ -32,7 +33,7 @@ class FakeApiServer(BaseHTTPRequestHandler):
             type(self).fail_next -= 1
             self.send_error(500, "etcd unavailable")
             return
-        body = (FIXTURES / ("watch.jsonl" if query.get("watch") == ["1"] else "pods.json")
+        body = (KUBE / ("watch.jsonl" if query.get("watch") == ["1"] else "pods.json")
                 ).read_bytes()
         self.send_response(200)
         self.send_header("Content-Type", "application/json")

@@ -18,24 +18,14 @@ from pathlib import Path
 import grpc
 import pytest
 
-from ember.agent.labels import ProcessLabels, series_labels
 from ember.collector.server import Collector
 from ember.config import CollectorConfig
 from ember.encode.folded import parse_folded
 from ember.encode.pprof import decode_pprof
-from ember.encode.writeraw import make_series
 from ember.proto import profile_pb2 as pb
 from ember.proto import profilestore_pb2 as ps
 from ember.proto import profilestore_pb2_grpc as ps_grpc
-from encode.sample_profiles import cpu_profile, offcpu_profile
-
-
-def series(pid: int = 10, kind: str = "cpu") -> ps.RawProfileSeries:
-    prof = cpu_profile() if kind == "cpu" else offcpu_profile()
-    import time
-    now = time.time_ns()
-    labels = series_labels(prof.type, ProcessLabels(pid=pid, comm="app"), {"host": "h"})
-    return make_series(prof.type, prof.samples, labels, now - 10**9, 10**9)[0]
+from tests.support.collector import series
 
 
 def start(tmp_path: Path, **kw: object) -> Collector:

@@ -9,12 +9,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from kubefake import FakeApiServer, fake_api_server
 
 from ember.agent.kube import ApiClient, ContainerRef, PodCache, PodWatcher, container_of
 from ember.agent.relabel import Rule, relabel
+from tests.support import FIXTURES
+from tests.support.kube import FakeApiServer, fake_api_server
 
-FIXTURES = Path(__file__).parent / "fixtures/kube"
+KUBE = FIXTURES / "kube"
 A, B, C, D = ("a" * 63 + "1", "b" * 63 + "2", "c" * 63 + "3", "d" * 63 + "4")
 UID = "0f3c2a1e-5b6d-4c7e-8f90-123456789abc"
 
@@ -127,6 +128,6 @@ def test_pod_labels_through_relabeling(api: ApiClient) -> None:
 
 
 def test_recorded_fixtures_are_json() -> None:
-    json.loads((FIXTURES / "pods.json").read_text())
-    for line in (FIXTURES / "watch.jsonl").read_text().splitlines():
+    json.loads((KUBE / "pods.json").read_text())
+    for line in (KUBE / "watch.jsonl").read_text().splitlines():
         assert json.loads(line)["type"] in ("ADDED", "MODIFIED", "DELETED", "BOOKMARK")

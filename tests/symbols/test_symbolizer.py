@@ -9,8 +9,8 @@ from ember.model import FrameKind
 from ember.symbols.elf import ElfSymbols
 from ember.symbols.procmaps import ProcessTable, ProcFS
 from ember.symbols.symbolizer import ObjectCache, Symbolizer
-from test_elfsym import nm
-from test_procmaps import write_proc
+from tests.support.elf import nm
+from tests.support.procfs import write_proc
 
 PIE_BASE = 0x55D0C8A00000
 LIB_BASE = 0x7F1E2A000000

@@ -13,24 +13,8 @@ from hypothesis import strategies as st
 
 from ember.errors import ElfError
 from ember.symbols.elf import ElfSymbols
-
-
-def nm_sized(path: Path) -> dict[str, tuple[int, int]]:
-    """Function symbols as binutils sees them: name -> (address, size)."""
-    out = subprocess.run(["nm", "-S", "--defined-only", str(path)], check=True,
-                         capture_output=True, text=True).stdout
-    syms = {}
-    for line in out.splitlines():
-        parts = line.split()
-        if len(parts) == 4 and parts[2] in "tT":
-            syms[parts[3]] = (int(parts[0], 16), int(parts[1], 16))
-        elif len(parts) == 3 and parts[1] in "tT":
-            syms[parts[2]] = (int(parts[0], 16), 0)
-    return syms
-
-
-def nm(path: Path) -> dict[str, int]:
-    return {name: addr for name, (addr, _) in nm_sized(path).items()}
+from tests.support import BIN
+from tests.support.elf import nm, nm_sized
 
 
 @pytest.mark.parametrize("name", ["cpu_shares", "pie_main", "libember_demo.so", "cpp_names"])
@@ -98,7 +82,7 @@ def test_corrupted_section_headers(tmp_path: Path, fixture_bin: Path) -> None:
 @given(st.data())
 def test_fuzz_mutated_elf(tmp_path_factory: pytest.TempPathFactory, data: st.DataObject) -> None:
     """Any mutation of a real object gives symbols or an ElfError, nothing else."""
-    blob = bytearray((Path(__file__).parent / "fixtures" / "bin" / "libember_demo.so")
+    blob = bytearray((BIN / "libember_demo.so")
                      .read_bytes())
     for _ in range(data.draw(st.integers(1, 8))):
         pos = data.draw(st.integers(0, len(blob) - 1))

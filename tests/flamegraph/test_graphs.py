@@ -8,8 +8,8 @@ from pathlib import Path
 
 from ember.encode.pprof import encode_pprof
 from ember.flamegraph.graphs import diff, flamegraph, load
-from encode.sample_profiles import offcpu_profile
-from encode.test_svg import frames
+from tests.support.profiles import offcpu_profile
+from tests.support.svg import frames
 
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:

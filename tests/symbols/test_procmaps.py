@@ -3,6 +3,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ember.symbols.procmaps import PF_KTHREAD, ProcessTable, ProcFS, parse_maps, parse_stat
+from tests.support.procfs import write_proc
 
 MAPS = """\
 55d0c8a00000-55d0c8a01000 r--p 00000000 08:01 1234                       /usr/bin/app
@@ -12,14 +13,6 @@ MAPS = """\
 garbage line
 7ffd1c7f2000-7ffd1c7f4000 r-xp 00000000 00:00 0                          [vdso]
 """
-
-
-def write_proc(root: Path, pid: int, maps: str, comm: str = "app", flags: int = 0) -> None:
-    d = root / str(pid)
-    d.mkdir(parents=True)
-    (d / "maps").write_text(maps)
-    fields = ["S", "1", "1", "1", "0", "-1", str(flags)] + ["0"] * 12 + ["4242"] + ["0"] * 30
-    (d / "stat").write_text(f"{pid} ({comm}) " + " ".join(fields))
 
 
 def test_parse_maps() -> None:

@@ -11,8 +11,7 @@ import pytest
 
 from ember import config
 from ember.errors import ConfigError
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.support import ROOT
 
 
 def test_documented_default_file_is_the_default() -> None:
