@@ -272,7 +272,7 @@ def test_pod_metadata_labels(start_workload, tmp_path: Path) -> None:  # type: i
     """A process in a cgroup laid out as a kubelet's (cgroupfs driver), a local
     API server listing its pod: its profiles carry namespace, pod, container
     and pod labels, after the relabeling rules."""
-    from kubefake import fake_api_server
+    from tests.support.kube import fake_api_server
 
     from ember.agent.relabel import Rule
     from ember.agent.targets import cgroup2_root
@@ -314,7 +314,7 @@ def test_otlp_export_ground_truth(start_workload, tmp_path: Path) -> None:  # ty
     """exporters: [otlp] only: the ground-truth workload's profiles reach an
     OTLP ProfilesService (opentelemetry-proto's own servicer), decode, and
     say 35/50/15; nothing goes to the WriteRaw spool."""
-    from otlpfake import otlp_server, stacks
+    from tests.support.otlp import otlp_server, stacks
 
     w = start_workload("cpu_shares")
     with otlp_server() as (address, received):
