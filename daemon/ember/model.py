@@ -16,6 +16,8 @@ from collections.abc import Iterable, Sequence
 from collections.abc import Mapping as MappingABC
 from dataclasses import dataclass, field
 
+from . import abi
+
 
 class FrameKind(enum.StrEnum):
     USER = "user"             # includes markers inside the user part ([lost user stack])
@@ -84,27 +86,83 @@ class ProfileType:
     folded_scale: int = 1                      # divide that value by this
 
 
+@dataclass(frozen=True)
+class ProfileKind:
+    """A kind of profile ember makes. ``PROFILE_KINDS`` is the one table of
+    them: config choices, ``--mode``, series names, query aliases, which BPF
+    program runs and which of its counts each kind reads all derive from it.
+    Adding a kind means a row here, its counting in BPF, and its test."""
+
+    name: str                   # config key, --mode, query alias, ProfileType.name
+    help: str                   # one line for --help
+    sample_types: tuple[tuple[str, str], ...]   # (events, count), then the main value
+    program: str                # the BPF program that makes it (kernel/programs.py)
+    counts_kind: int            # abi.KIND_*: its entries in ember_counts
+    mode: int = 0               # abi.MODE_*: the bit that turns it on in a shared program
+    exact_program: str = ""     # the program that times every event when sampling is off
+    clock: bool = False         # sampled by the cpu-clock: one sample stands for 1s/frequency
+
+    @property
+    def series(self) -> str:
+        """The WriteRaw ``__name__`` of its profiles."""
+        return f"ember_{self.name}"
+
+    @property
+    def stored_type(self) -> str:
+        """How the collector names the type (series:type:unit:period type:unit)."""
+        kind, unit = self.sample_types[-1]
+        return f"{self.series}:{kind}:{unit}:{kind}:{unit}"
+
+    def profile_type(self, frequency: int = 0) -> ProfileType:
+        """The pprof shape: a clock-sampled kind counts samples of
+        ``1 s / frequency``; the others count time in nanoseconds (folded
+        output shows it in microseconds)."""
+        if self.clock:
+            return ProfileType(self.name, self.sample_types, self.sample_types[-1],
+                               period=1_000_000_000 // frequency, folded_index=0)
+        return ProfileType(self.name, self.sample_types, self.sample_types[-1], period=1,
+                           folded_index=1, folded_scale=1000)
+
+
+CPU = ProfileKind("cpu", "on-CPU samples", (("samples", "count"), ("cpu", "nanoseconds")),
+                  program="cpu", counts_kind=abi.KIND_ONCPU, clock=True)
+OFFCPU = ProfileKind("offcpu", "time blocked", (("blocks", "count"), ("off_cpu", "nanoseconds")),
+                     program="offcpu", exact_program="sched", counts_kind=abi.KIND_BLOCKED,
+                     mode=abi.MODE_BLOCKED)
+RUNQLAT = ProfileKind("runqlat", "time runnable threads waited for a CPU",
+                      (("waits", "count"), ("runqueue", "nanoseconds")),
+                      program="sched", counts_kind=abi.KIND_RUNQ, mode=abi.MODE_RUNQ)
+WAKEUP = ProfileKind("wakeup", "wakers' stacks by the time their wakees were blocked",
+                     (("wakeups", "count"), ("blocked", "nanoseconds")),
+                     program="sched", counts_kind=abi.KIND_WAKEUP, mode=abi.MODE_WAKEUP)
+OFFWAKE = ProfileKind("offwake", "blocked stacks joined with their wakers'",
+                      (("wakeups", "count"), ("off_cpu", "nanoseconds")),
+                      program="sched", counts_kind=abi.KIND_OFFWAKE, mode=abi.MODE_OFFWAKE)
+
+#: Every profile kind, in the order they are listed and attached.
+PROFILE_KINDS: tuple[ProfileKind, ...] = (CPU, OFFCPU, RUNQLAT, WAKEUP, OFFWAKE)
+KIND_NAMES: tuple[str, ...] = tuple(k.name for k in PROFILE_KINDS)
+
+
+def profile_kind(name: str) -> ProfileKind:
+    """The kind of that name (KeyError naming the known ones otherwise)."""
+    for k in PROFILE_KINDS:
+        if k.name == name:
+            return k
+    raise KeyError(f"unknown profile kind {name!r} (one of {', '.join(KIND_NAMES)})")
+
+
 def cpu_type(frequency: int) -> ProfileType:
-    return ProfileType("cpu", (("samples", "count"), ("cpu", "nanoseconds")),
-                       ("cpu", "nanoseconds"), period=1_000_000_000 // frequency,
-                       folded_index=0)
+    return CPU.profile_type(frequency)
 
 
-OFFCPU_TYPE = ProfileType("offcpu", (("blocks", "count"), ("off_cpu", "nanoseconds")),
-                          ("off_cpu", "nanoseconds"), period=1,
-                          folded_index=1, folded_scale=1000)  # folded: microseconds
+OFFCPU_TYPE = OFFCPU.profile_type()
 #: Time runnable threads waited for a CPU (after a wakeup, or preempted).
-RUNQ_TYPE = ProfileType("runqlat", (("waits", "count"), ("runqueue", "nanoseconds")),
-                        ("runqueue", "nanoseconds"), period=1, folded_index=1,
-                        folded_scale=1000)
+RUNQ_TYPE = RUNQLAT.profile_type()
 #: Wakers' stacks, weighted by how long the threads they woke had been blocked.
-WAKEUP_TYPE = ProfileType("wakeup", (("wakeups", "count"), ("blocked", "nanoseconds")),
-                          ("blocked", "nanoseconds"), period=1, folded_index=1,
-                          folded_scale=1000)
+WAKEUP_TYPE = WAKEUP.profile_type()
 #: Blocked stacks joined with their wakers' stacks, weighted by blocked time.
-OFFWAKE_TYPE = ProfileType("offwake", (("wakeups", "count"), ("off_cpu", "nanoseconds")),
-                           ("off_cpu", "nanoseconds"), period=1, folded_index=1,
-                           folded_scale=1000)
+OFFWAKE_TYPE = OFFWAKE.profile_type()
 
 
 @dataclass(frozen=True)

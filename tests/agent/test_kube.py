@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from ember.agent.kube import ApiClient, ContainerRef, PodCache, PodWatcher, container_of
-from ember.agent.relabel import Rule, relabel
+from ember.agent.relabel import relabel
+from ember.config import Rule
 from tests.support import FIXTURES
 from tests.support.kube import FakeApiServer, fake_api_server
 

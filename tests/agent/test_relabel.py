@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from ember.agent.relabel import Rule, relabel
+from ember.agent.relabel import relabel
+from ember.config import Rule
 
 BASE = {"__name__": "ember_cpu", "pid": "42", "comm": "nginx", "namespace": "web",
         "pod": "nginx-7d9f", "container": "nginx", "pod_label_app": "nginx",

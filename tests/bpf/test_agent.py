@@ -272,10 +272,9 @@ def test_pod_metadata_labels(start_workload, tmp_path: Path) -> None:  # type: i
     """A process in a cgroup laid out as a kubelet's (cgroupfs driver), a local
     API server listing its pod: its profiles carry namespace, pod, container
     and pod labels, after the relabeling rules."""
-    from tests.support.kube import fake_api_server
-
-    from ember.agent.relabel import Rule
     from ember.agent.targets import cgroup2_root
+    from ember.config import Rule
+    from tests.support.kube import fake_api_server
 
     cid = "a" * 63 + "1"
     uid = "0f3c2a1e-5b6d-4c7e-8f90-123456789abc"

@@ -10,8 +10,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..encode.writeraw import SERIES_NAMES
-from ..model import ProfileType, Sample
+from ..model import ProfileType, Sample, profile_kind
 from .kube import container_of
 
 
@@ -66,6 +65,6 @@ def series_labels(ptype: ProfileType, meta: ProcessLabels, common: dict[str, str
                   extra: dict[str, str] | None = None) -> dict[str, str]:
     """A process's profile labels before relabeling: __name__, the common
     labels (host, configured ones), the process's, then extra (pod metadata)."""
-    return {"__name__": SERIES_NAMES[ptype.name], **common, **meta.as_labels(), **(extra or {})}
+    return {"__name__": profile_kind(ptype.name).series, **common, **meta.as_labels(), **(extra or {})}
 
 

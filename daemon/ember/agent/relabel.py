@@ -18,39 +18,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
-ACTIONS = ("replace", "keep", "drop", "labelmap", "labeldrop", "labelkeep")
+from ..config import Rule
+
 _REF = re.compile(r"\$(\d+)|\$\{(\w+)\}")
 _LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
-
-
-@dataclass(frozen=True)
-class Rule:
-    source_labels: tuple[str, ...] = ()
-    separator: str = ";"
-    regex: str = "(.*)"
-    target_label: str = ""
-    replacement: str = "$1"
-    action: str = "replace"
-
-    def __post_init__(self) -> None:
-        if self.action not in ACTIONS:
-            raise ValueError(f"unknown relabel action {self.action!r} (one of "
-                             f"{', '.join(ACTIONS)})")
-        try:
-            re.compile(self.regex)
-        except re.error as exc:
-            raise ValueError(f"bad regex {self.regex!r}: {exc}") from None
-        if self.action == "replace" and not self.target_label:
-            raise ValueError("action replace needs a target_label")
-        if self.action in ("keep", "drop", "replace") and not self.source_labels:
-            raise ValueError(f"action {self.action} needs source_labels")
-
-    @property
-    def pattern(self) -> re.Pattern[str]:
-        return _compiled(self.regex)
-
 
 _CACHE: dict[str, re.Pattern[str]] = {}
 
@@ -76,7 +48,7 @@ def relabel(labels: Mapping[str, str], rules: Sequence[Rule]) -> dict[str, str] 
     """The labels after the rules, or None when a keep/drop rule drops them."""
     out = dict(labels)
     for rule in rules:
-        p = rule.pattern
+        p = _compiled(rule.regex)
         if rule.action in ("replace", "keep", "drop"):
             value = rule.separator.join(out.get(name, "") for name in rule.source_labels)
             m = p.match(value)

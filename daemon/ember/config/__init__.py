@@ -15,7 +15,6 @@ from typing import Any
 
 import yaml
 
-from ..agent.relabel import Rule
 from ..errors import ConfigError
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(us|ms|s|m|h|d)\s*$")
@@ -52,6 +51,34 @@ def parse_hostport(text: str) -> str:
     if not sep or not port.isdigit() or not 0 < int(port) < 65536:
         raise ValueError(f"not HOST:PORT: {text!r}")
     return f"{host or '0.0.0.0'}:{port}"
+
+
+RELABEL_ACTIONS = ("replace", "keep", "drop", "labelmap", "labeldrop", "labelkeep")
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One Prometheus-style relabeling rule (agent.relabel applies them)."""
+
+    source_labels: tuple[str, ...] = ()
+    separator: str = ";"
+    regex: str = "(.*)"
+    target_label: str = ""
+    replacement: str = "$1"
+    action: str = "replace"
+
+    def __post_init__(self) -> None:
+        if self.action not in RELABEL_ACTIONS:
+            raise ValueError(f"unknown relabel action {self.action!r} (one of "
+                             f"{', '.join(RELABEL_ACTIONS)})")
+        try:
+            re.compile(self.regex)
+        except re.error as exc:
+            raise ValueError(f"bad regex {self.regex!r}: {exc}") from None
+        if self.action == "replace" and not self.target_label:
+            raise ValueError("action replace needs a target_label")
+        if self.action in ("keep", "drop", "replace") and not self.source_labels:
+            raise ValueError(f"action {self.action} needs source_labels")
 
 
 # --- the schema ---------------------------------------------------------------

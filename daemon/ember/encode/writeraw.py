@@ -19,10 +19,6 @@ from .pprof import to_proto_with_mappings
 PROFILE_ID_PREFIX = "ember-profile-id="
 LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 
-#: WriteRaw __name__ per profile type.
-SERIES_NAMES = {"cpu": "ember_cpu", "offcpu": "ember_offcpu", "runqlat": "ember_runqlat",
-                "wakeup": "ember_wakeup", "offwake": "ember_offwake"}
-
 
 def make_series(ptype: ProfileType, samples: Sequence[Sample], labels: dict[str, str],
                 start_ns: int, duration_ns: int) -> tuple[ps.RawProfileSeries, str]:
