@@ -65,6 +65,7 @@ def series_labels(ptype: ProfileType, meta: ProcessLabels, common: dict[str, str
                   extra: dict[str, str] | None = None) -> dict[str, str]:
     """A process's profile labels before relabeling: __name__, the common
     labels (host, configured ones), the process's, then extra (pod metadata)."""
-    return {"__name__": profile_kind(ptype.name).series, **common, **meta.as_labels(), **(extra or {})}
+    return {"__name__": profile_kind(ptype.name).series, **common, **meta.as_labels(),
+            **(extra or {})}
 
 
