@@ -21,15 +21,16 @@ import time
 from common import ROOT, need_root
 from ember import abi
 from ember.kernel.drain import Drainer
-from ember.kernel.program import Program, oncpu_spec, self_tgid
+from ember.kernel.program import Program, self_tgid
+from ember.kernel.programs import program_kind
 
 
 def run(kind: str, seconds: float) -> tuple[int, int]:
-    p = Program(oncpu_spec())
+    p = Program(program_kind("cpu"))
     try:
         p.configure(abi.Config(stack_flags=abi.STACK_USER | abi.STACK_KERNEL,
                                self_tgid=self_tgid()))
-        p.attach_cpu_clock(4999)
+        p.attach(frequency=4999)
         drained = 0
         d = Drainer(p)
         end = time.monotonic() + seconds

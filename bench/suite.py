@@ -291,8 +291,9 @@ def distinct_stacks(agent: Agent) -> int:
 def drain(depth: int, seconds: float) -> Table:
     from ember import abi
     from ember.kernel.drain import Drainer
-    from ember.kernel.program import Program, oncpu_spec, self_tgid
-    from ember.model import cpu_type
+    from ember.kernel.program import Program, self_tgid
+    from ember.kernel.programs import program_kind
+    from ember.model import CPU
     from ember.stacks import SampleBuilder
     from ember.symbols.kallsyms import KernelSymbols
     from ember.symbols.procmaps import ProcessTable, ProcFS
@@ -300,7 +301,8 @@ def drain(depth: int, seconds: float) -> Table:
 
     work = subprocess.Popen([str(BIN / "many_stacks"), str(seconds + 30), str(depth)],
                             stdout=subprocess.DEVNULL)
-    p = Program(oncpu_spec(stack_entries=1 << (depth + 2), count_entries=1 << (depth + 2)))
+    p = Program(program_kind("cpu"), stack_entries=1 << (depth + 2),
+                count_entries=1 << (depth + 2))
     try:
         p.configure(abi.Config(stack_flags=abi.STACK_USER | abi.STACK_KERNEL,
                                self_tgid=self_tgid()))
@@ -308,7 +310,7 @@ def drain(depth: int, seconds: float) -> Table:
         symbolizer.kernel = KernelSymbols()
         symbolizer.processes.discover([work.pid])
         with BpfStats():
-            p.attach_cpu_clock(4999)
+            p.attach(frequency=4999)
             time.sleep(seconds)
             p.detach()
             run_ns, runs = p.run_stats()
@@ -316,9 +318,9 @@ def drain(depth: int, seconds: float) -> Table:
         t0 = time.monotonic()
         result = d.drain()
         t1 = time.monotonic()
-        samples = SampleBuilder(symbolizer, cpu_type(4999)).build(result.records)
+        samples = SampleBuilder(symbolizer, CPU, 4999).build(result.records)
         t2 = time.monotonic()
-        again = SampleBuilder(symbolizer, cpu_type(4999)).build(result.records)
+        again = SampleBuilder(symbolizer, CPU, 4999).build(result.records)
         t3 = time.monotonic()
         assert len(samples) == len(again)
     finally:

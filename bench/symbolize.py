@@ -26,8 +26,9 @@ from pathlib import Path
 from common import ROOT, need_root, status_kb
 from ember.symbols.diskcache import DiskSymbolCache
 from ember.symbols.elf import ElfSymbols
+from ember.symbols.objects import ObjectCache
 from ember.symbols.procmaps import ProcessTable
-from ember.symbols.symbolizer import ObjectCache, Symbolizer
+from ember.symbols.symbolizer import Symbolizer
 
 LIBC = Path("/usr/lib/x86_64-linux-gnu/libc.so.6")
 

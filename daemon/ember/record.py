@@ -17,44 +17,29 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import abi
-from .errors import SymbolizationError, UsageError
-from .kernel import preflight as host
-from .kernel.drain import Drainer, DrainStats
-from .kernel.program import (
-    Program,
-    offcpu_sampled_spec,
-    offcpu_spec,
-    oncpu_spec,
-    self_tgid,
-    wait_new_processes,
-)
+from .errors import UsageError
+from .kernel.drain import DrainStats
 from .model import (
-    OFFCPU_TYPE,
-    OFFWAKE_TYPE,
-    RUNQ_TYPE,
-    WAKEUP_TYPE,
+    KIND_NAMES,
+    PROFILE_KINDS,
     Profile,
-    ProfileType,
+    ProfileKind,
     Sample,
-    cpu_type,
     merge_samples,
+    profile_kind,
 )
-from .stacks import MODE_OF, SampleBuilder
+from .session import Session, SessionOptions
 from .symbols.debuginfo import DEFAULT_DEBUG_DIRS
-from .symbols.kallsyms import KernelSymbols
-from .symbols.procmaps import ProcessTable, ProcessWatcher, ProcFS
-from .symbols.symbolizer import ObjectCache, Symbolizer
+from .symbols.objects import ObjectCache
+from .symbols.procmaps import ProcessTable, ProcFS
+from .symbols.symbolizer import Symbolizer
 
 log = logging.getLogger(__name__)
-
-MODES = ("cpu", "offcpu", "runqlat", "wakeup", "offwake")
-TYPES = {"cpu": None, "offcpu": OFFCPU_TYPE, "runqlat": RUNQ_TYPE, "wakeup": WAKEUP_TYPE,
-         "offwake": OFFWAKE_TYPE}
 
 
 @dataclass(frozen=True)
 class RecordOptions:
-    mode: str = "cpu"
+    mode: str = PROFILE_KINDS[0].name
     pids: tuple[int, ...] = ()
     duration: float | None = None
     frequency: int = 99
@@ -72,11 +57,11 @@ class RecordOptions:
     debug_dirs: tuple[str, ...] = DEFAULT_DEBUG_DIRS
 
     def validate(self, proc: Path = Path("/proc")) -> None:
-        if self.mode not in MODES:
-            raise UsageError(f"--mode must be one of {', '.join(MODES)}, not {self.mode!r}")
+        if self.mode not in KIND_NAMES:
+            raise UsageError(f"--mode must be one of {', '.join(KIND_NAMES)}, not {self.mode!r}")
         if self.duration is not None and self.duration <= 0:
             raise UsageError(f"--duration must be positive, not {self.duration}")
-        if self.mode == "cpu":
+        if self.kind.clock:
             limit = max_sample_rate()
             if not 1 <= self.frequency <= limit:
                 raise UsageError(f"--frequency must be between 1 and {limit} Hz "
@@ -102,8 +87,20 @@ class RecordOptions:
             return 0
         return abi.STATE_RUNNABLE if self.state == 0 else self.state
 
-    def profile_type(self) -> ProfileType:
-        return TYPES[self.mode] or cpu_type(self.frequency)
+    @property
+    def kind(self) -> ProfileKind:
+        return profile_kind(self.mode)
+
+    def session_options(self) -> SessionOptions:
+        """The session that records this: one kind, stacks all or none."""
+        everything = frozenset(KIND_NAMES)
+        return SessionOptions(
+            kinds=(self.kind,), frequency=self.frequency,
+            user_stacks=everything if self.user_stacks else frozenset(),
+            kernel_stacks=everything if self.kernel_stacks else frozenset(),
+            min_block_ns=self.min_block_us * 1000, max_block_ns=self.max_block_us * 1000,
+            sample_ns=self.sample_us * 1000, state_mask=self.state_mask(),
+            sys_exit=self.sys_exit_hook, include_self=self.include_self)
 
 
 def max_sample_rate() -> int:
@@ -123,87 +120,43 @@ class RecordStats:
 class Recorder:
     def __init__(self, options: RecordOptions, procfs: ProcFS | None = None):
         self.options = options
-        self.ptype = options.profile_type()
-        self.program: Program | None = None
-        self.watcher: ProcessWatcher | None = None
         self.stats = RecordStats()
-        self._samples: list[Sample] = []
-        self._closed = False
         self.symbolizer = Symbolizer(ProcessTable(procfs or ProcFS()),
                                      objects=ObjectCache(debug_dirs=options.debug_dirs),
                                      lines=options.lines)
-        self.builder = SampleBuilder(self.symbolizer, self.ptype)
-        # off-CPU with duration-weighted sampling (offcpu_sampled.c); the
-        # exact program (offcpu.c) for --sample-us 0 and the kinds that need
-        # the wakeup (runqlat, wakeup, offwake)
-        self.sampled = options.mode == "offcpu" and options.sample_us > 0
+        self.session = Session(options.session_options(), self.symbolizer)
+        self.ptype = options.kind.profile_type(options.frequency)
+        self._samples: list[Sample] = []
+        self._started = False
+        self._closed = False
 
     def start(self) -> None:
         o = self.options
-        # the sampled off-CPU program uses BTF tracepoints: no tracefs needed
-        host.preflight(tracepoints=not (o.mode == "cpu" or self.sampled))
-        if o.kernel_stacks:
-            try:
-                self.symbolizer.kernel = KernelSymbols()
-            except SymbolizationError as exc:
-                log.warning("%s", exc)
-        spec = oncpu_spec() if o.mode == "cpu" else (
-            offcpu_sampled_spec() if self.sampled else offcpu_spec())
-        self.program = Program(spec)
-        cfg = abi.Config(
-            epoch=0,
-            filter=abi.FILTER_PIDS if o.pids else 0,
-            self_tgid=0 if o.include_self else self_tgid(),
-            stack_flags=(abi.STACK_USER if o.user_stacks else 0)
-            | (abi.STACK_KERNEL if o.kernel_stacks else 0),
-            state_mask=o.state_mask(),
-            min_block_ns=o.min_block_us * 1000,
-            max_block_ns=o.max_block_us * 1000,
-            sample_ns=o.sample_us * 1000,
-            modes=MODE_OF.get(o.mode, 0),
-        )
-        self.program.configure(cfg)
+        self.session.check_host()
+        self.session.load()
         if o.pids:
-            self.program.set_targets(o.pids)
-        self.drainer = Drainer(self.program)
+            self.session.set_targets(abi.FILTER_PIDS, o.pids)
         self._t0_wall = time.time_ns()
         self._t0 = time.monotonic_ns()
-        # new processes' maps are read as soon as the kernel notes them
-        program = self.program
-        self.watcher = ProcessWatcher(self.symbolizer.processes,
-                                      lambda t: wait_new_processes([program], t))
-        self.watcher.start()
-        if o.mode == "cpu":
-            self.program.attach_cpu_clock(o.frequency)
-        elif self.sampled:
-            self.program.attach_sampled_offcpu(sys_exit=o.sys_exit_hook)
-        else:
-            self.program.attach_sched_switch()
+        self.session.attach()
+        self._started = True
         log.info("recording %s (%s)", o.mode,
                  f"pids {', '.join(map(str, o.pids))}" if o.pids else "all processes")
 
     def _absorb(self, final: bool, end_ns: int | None = None) -> None:
-        assert self.program is not None
-        o = self.options
-        result = self.drainer.drain(final=final, now_ns=end_ns,
-                                    min_ns=o.min_block_us * 1000, max_ns=o.max_block_us * 1000)
         self.stats.drains += 1
-        d = self.stats.drain
-        d.records += result.stats.records
-        d.events += result.stats.events
-        d.total_ns += result.stats.total_ns
-        d.stacks_missing += result.stats.stacks_missing
-        d.stacks_truncated += result.stats.stacks_truncated
-        self._samples.extend(self.builder.build(result.records))
+        for drained in self.session.drain(final=final, end_ns=end_ns):
+            self.stats.drain.add(drained.result.stats)
+            for _, samples in drained.samples:
+                self._samples.extend(samples)
         if len(self._samples) > 50_000:
             self._samples = list(merge_samples(self._samples))
 
     def run(self, stop: threading.Event) -> Profile:
         """Record until the duration passes or ``stop`` is set (starting first
         unless ``start`` was called already)."""
-        if self.program is None:
+        if not self._started:
             self.start()
-        assert self.program is not None
         o = self.options
         now = time.monotonic()
         deadline = now + o.duration if o.duration is not None else None
@@ -221,7 +174,7 @@ class Recorder:
                     break
                 # Read the maps of processes seen since the last look while
                 # they are alive: a process may exit before the next drain.
-                self.symbolizer.processes.discover(self.program.take_active_pids())
+                self.session.discover()
                 if now >= next_drain:
                     self._absorb(final=False)
                     next_drain = now + o.drain_interval
@@ -230,16 +183,14 @@ class Recorder:
             self.close()
 
     def finish(self) -> Profile:
-        assert self.program is not None
         # The window ends now, before detaching: a thread blocked at this
         # moment is charged up to here, not for whatever it did after the
         # programs stopped seeing it.
         end = time.monotonic_ns()
-        self.program.detach()
-        if self.watcher is not None:
-            self.watcher.stop()
+        self.session.detach()
         self._absorb(final=True, end_ns=end)
-        self.stats.kernel = {s.name.lower(): v for s, v in self.program.stats().items()}
+        for stats in self.session.kernel_stats().values():
+            self.stats.kernel = {s.name.lower(): v for s, v in stats.items()}
         comments = (f"ember record --mode {self.options.mode}",)
         return Profile(self.ptype, merge_samples(self._samples), self._t0_wall, end - self._t0,
                        labels={"host": os.uname().nodename}, comments=comments)
@@ -248,7 +199,4 @@ class Recorder:
         if self._closed:
             return
         self._closed = True
-        if self.watcher is not None:
-            self.watcher.stop()
-        if self.program is not None:
-            self.program.close()
+        self.session.close()

@@ -15,14 +15,8 @@ from .kernel.drain import (
     Record,
     Stack,
 )
-from .model import Frame, FrameKind, ProfileType, Sample
+from .model import Frame, FrameKind, ProfileKind, Sample
 from .symbols.symbolizer import Symbolizer
-
-KIND_OF = {"cpu": abi.KIND_ONCPU, "offcpu": abi.KIND_BLOCKED, "runqlat": abi.KIND_RUNQ,
-           "wakeup": abi.KIND_WAKEUP, "offwake": abi.KIND_OFFWAKE}
-#: Which BPF counting mode each off-CPU profile type needs.
-MODE_OF = {"offcpu": abi.MODE_BLOCKED, "runqlat": abi.MODE_RUNQ, "wakeup": abi.MODE_WAKEUP,
-           "offwake": abi.MODE_OFFWAKE}
 
 
 def _lost(part: str, problem: str) -> Frame:
@@ -39,9 +33,12 @@ def _lost(part: str, problem: str) -> Frame:
 
 
 class SampleBuilder:
-    def __init__(self, symbolizer: Symbolizer, ptype: ProfileType):
+    """Samples of one profile kind from a program's drained records."""
+
+    def __init__(self, symbolizer: Symbolizer, kind: ProfileKind, frequency: int = 0):
         self.symbolizer = symbolizer
-        self.ptype = ptype
+        self.kind = kind
+        self.ptype = kind.profile_type(frequency)
         self.truncated = 0
         self.lost_user = 0
         self.lost_kernel = 0
@@ -77,7 +74,7 @@ class SampleBuilder:
                 + self._part("kernel", r_kernel, pid, kthread))
 
     def build(self, records: Iterable[Record]) -> list[Sample]:
-        kind = KIND_OF[self.ptype.name]
+        kind = self.kind.counts_kind
         records = [r for r in records if r.kind == kind]
         procs = self.symbolizer.processes
         procs.touch({r.pid for r in records} | {r.peer_pid for r in records if r.peer_pid})
@@ -85,7 +82,7 @@ class SampleBuilder:
         for r in records:
             frames = self._stack(r.user, r.kernel, r.pid)
             labels: tuple[tuple[str, str], ...] = ()
-            if kind == abi.KIND_ONCPU:
+            if self.kind.clock:
                 values = (r.count, r.count * self.ptype.period)
             else:
                 values = (r.count, r.total_ns)

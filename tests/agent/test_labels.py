@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ember.agent.labels import cgroup_of, container_id
+from ember.agent.labels import ProcessLabels, cgroup_of, container_id, series_labels
+from ember.model import CPU
 
 HEX = "a" * 64
 
@@ -23,3 +24,10 @@ def test_cgroup_of(tmp_path: Path) -> None:
     (tmp_path / "5" / "cgroup").write_text("0::/system.slice/x.service\n")
     assert cgroup_of(5, tmp_path) == "/system.slice/x.service"
     assert cgroup_of(6, tmp_path) == ""
+
+
+def test_series_labels() -> None:
+    meta = ProcessLabels(pid=10, comm="app", executable="/usr/bin/app", build_id="abcd")
+    assert series_labels(CPU.profile_type(99), meta, {"host": "h"}, {"pod": "p"}) == {
+        "__name__": "ember_cpu", "host": "h", "pid": "10", "comm": "app",
+        "executable": "/usr/bin/app", "build_id": "abcd", "pod": "p"}

@@ -13,7 +13,8 @@ import pytest
 
 from ember import abi
 from ember.kernel.drain import Drainer
-from ember.kernel.program import Program, offcpu_sampled_spec, offcpu_spec, oncpu_spec, self_tgid
+from ember.kernel.program import Program, self_tgid
+from ember.kernel.programs import program_kind
 
 pytestmark = pytest.mark.bpf
 
@@ -42,10 +43,10 @@ def config() -> abi.Config:
 
 def test_oncpu_exact(start_workload) -> None:  # type: ignore[no-untyped-def]
     w1, w2 = start_workload("cpu_shares"), start_workload("pie_main")
-    p = Program(oncpu_spec())
+    p = Program(program_kind("cpu"))
     try:
         p.configure(config())
-        p.attach_cpu_clock(4999)
+        p.attach(frequency=4999)
         events, _, missing = drain_loop(p, 3)
         stats = p.stats()
     finally:
@@ -78,8 +79,8 @@ def storm_drain(p: Program, cfg: abi.Config, attach: Callable[[], None]
 
 
 def test_offcpu_exact() -> None:
-    p = Program(offcpu_spec())
-    storm_drain(p, config(), p.attach_sched_switch)
+    p = Program(program_kind("sched"))
+    storm_drain(p, config(), p.attach)
 
 
 @pytest.mark.parametrize("sample_ns", [0, 1_000_000])
@@ -89,10 +90,10 @@ def test_offcpu_sampled_exact(sample_ns: int) -> None:
     counted, and no kernel stack is lost across the drains, though a chosen
     block is counted on its thread's way back to user space, often an epoch
     after its kernel stack was stored."""
-    p = Program(offcpu_sampled_spec())
+    p = Program(program_kind("offcpu"))
     _, _, _, stats = storm_drain(p, abi.Config(stack_flags=abi.STACK_USER | abi.STACK_KERNEL,
                                                self_tgid=self_tgid(), sample_ns=sample_ns),
-                                 p.attach_sampled_offcpu)
+                                 p.attach)
     assert stats[abi.Stat.KERNEL_STACK_STALE] == 0
     assert stats[abi.Stat.KERNEL_STACK_COLLISION] == 0
     if sample_ns:

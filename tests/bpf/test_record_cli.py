@@ -89,9 +89,10 @@ def test_ctrl_c_still_writes(start_workload, tmp_path: Path) -> None:  # type: i
 
 
 def test_programs_compile_with_warnings_as_errors() -> None:
-    from ember.kernel.program import Program, offcpu_sampled_spec, offcpu_spec, oncpu_spec
-    for spec in (oncpu_spec(), offcpu_spec(), offcpu_sampled_spec()):
-        Program(spec, strict=True).close()
+    from ember.kernel.program import Program
+    from ember.kernel.programs import PROGRAMS
+    for kind in PROGRAMS:
+        Program(kind, strict=True).close()
 
 
 def test_lines_and_inlined_frames_in_pprof(start_workload, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]

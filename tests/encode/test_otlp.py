@@ -8,11 +8,11 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
-from ember.encode.otlp import ProcessProfile, to_otlp
+from ember.encode.otlp import to_otlp
 from ember.export.shipper import OTLP, Endpoint, Shipper
 from ember.export.spool import Spool
 from ember.metrics import AgentMetrics
-from ember.model import OFFCPU_TYPE, Frame, FrameKind, Mapping, Sample, cpu_type
+from ember.model import OFFCPU_TYPE, Frame, FrameKind, Mapping, Profile, Sample, cpu_type
 from tests.support.otlp import otlp_server, stacks
 
 APP = Mapping(0x400000, 0x500000, 0, "/usr/bin/app", "ab" * 20)
@@ -23,7 +23,7 @@ def frame(name: str, addr: int, m: Mapping = APP) -> Frame:
     return Frame(name, FrameKind.USER, m, addr)
 
 
-def profiles() -> list[ProcessProfile]:
+def profiles() -> list[Profile]:
     cpu = cpu_type(99)
     p1 = [Sample((frame("main", 0x401000), frame("work_a", 0x401200)), (35, 35 * cpu.period),
                  42, 42, "app"),
@@ -33,11 +33,11 @@ def profiles() -> list[ProcessProfile]:
     p2 = [Sample((frame("main", 0x401000), Frame("do_nanosleep", FrameKind.KERNEL),
                   Frame.marker("[sleeping]")), (3, 90_000_000), 7, 7, "sleeper",
                  (("thread_state", "sleeping"),))]
-    return [ProcessProfile(cpu, p1, {"__name__": "ember_cpu", "host": "h1", "pid": "42",
-                                     "comm": "app", "namespace": "shop", "pod": "app-1",
-                                     "container": "app", "pod_label_tier": "web"}, 10, 20),
-            ProcessProfile(OFFCPU_TYPE, p2, {"__name__": "ember_offcpu", "host": "h1",
-                                             "pid": "7", "comm": "sleeper"}, 10, 20)]
+    return [Profile(cpu, tuple(p1), 10, 20, {"__name__": "ember_cpu", "host": "h1", "pid": "42",
+                                             "comm": "app", "namespace": "shop", "pod": "app-1",
+                                             "container": "app", "pod_label_tier": "web"}),
+            Profile(OFFCPU_TYPE, tuple(p2), 10, 20, {"__name__": "ember_offcpu", "host": "h1",
+                                                     "pid": "7", "comm": "sleeper"})]
 
 
 def test_request_structure() -> None:

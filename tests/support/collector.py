@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from ember.agent.labels import ProcessLabels, series_labels
@@ -18,7 +19,7 @@ def series(pid: int = 10, kind: str = "cpu") -> ps.RawProfileSeries:
     prof = cpu_profile() if kind == "cpu" else offcpu_profile()
     now = time.time_ns()
     labels = series_labels(prof.type, ProcessLabels(pid=pid, comm="app"), {"host": "h"})
-    return make_series(prof.type, prof.samples, labels, now - 10**9, 10**9)[0]
+    return make_series(replace(prof, start_ns=now - 10**9, duration_ns=10**9, labels=labels))[0]
 
 
 def collector_at(tmp_path: Path, port: int) -> Collector:

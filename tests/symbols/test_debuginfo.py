@@ -12,7 +12,7 @@ import pytest
 
 from ember.symbols.debuginfo import debug_file_for
 from ember.symbols.elf import ElfSymbols
-from ember.symbols.symbolizer import ObjectCache
+from ember.symbols.objects import ObjectCache
 from tests.support.elf import nm
 
 LIBC = Path("/usr/lib/x86_64-linux-gnu/libc.so.6")

@@ -12,7 +12,7 @@ import pytest
 
 from ember.symbols.diskcache import CachedSymbols, DiskSymbolCache
 from ember.symbols.elf import ElfSymbols
-from ember.symbols.symbolizer import ObjectCache
+from ember.symbols.objects import ObjectCache
 
 
 def test_round_trip_gives_the_same_lookups(tmp_path: Path, fixture_bin: Path) -> None:

@@ -7,8 +7,9 @@ from pathlib import Path
 
 from ember.model import FrameKind
 from ember.symbols.elf import ElfSymbols
+from ember.symbols.objects import ObjectCache
 from ember.symbols.procmaps import ProcessTable, ProcFS
-from ember.symbols.symbolizer import ObjectCache, Symbolizer
+from ember.symbols.symbolizer import Symbolizer
 from tests.support.elf import nm
 from tests.support.procfs import write_proc
 

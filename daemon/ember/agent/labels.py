@@ -1,17 +1,22 @@
 """What identifies a process in its profiles' labels: pid, comm, executable,
 build id, cgroup and container, read once per process (and again when its
-PID is reused).
+PID is reused), plus the pod's metadata on Kubernetes, the host, the
+configured labels, and the relabeling rules over all of them.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..cache import BoundedCache
+from ..config import Rule
 from ..model import ProfileType, Sample, profile_kind
-from .kube import container_of
+from ..symbols.symbolizer import Symbolizer
+from .kube import ContainerRef, PodWatcher, container_of, read_container
+from .relabel import relabel
 
 
 @dataclass(frozen=True)
@@ -69,3 +74,57 @@ def series_labels(ptype: ProfileType, meta: ProcessLabels, common: dict[str, str
             **(extra or {})}
 
 
+
+
+class ProcessLabeler:
+    """Labels of each process's profiles, before and after relabeling."""
+
+    def __init__(self, symbolizer: Symbolizer, common: dict[str, str],
+                 rules: Sequence[Rule] = (), pods: PodWatcher | None = None,
+                 pod_labels: bool = True, proc: Path = Path("/proc")):
+        self.symbolizer = symbolizer
+        self.common = common          # host and the configured labels
+        self.rules = tuple(rules)
+        self.pods = pods
+        self.pod_labels = pod_labels
+        self.proc = proc
+        # pid -> (its start time, its labels): read again when the PID is reused
+        self._known: BoundedCache[int, tuple[int, ProcessLabels]] = BoundedCache(
+            "process_labels", 1 << 16, entry_bytes=400)
+
+    def process(self, pid: int, thread_name: str = "") -> ProcessLabels:
+        proc = self.symbolizer.processes.get(pid)
+        start = proc.start_time if proc else -1
+        cached = self._known.get(pid)
+        if cached and cached[0] == start:
+            return cached[1]
+        build_id = ""
+        if proc is not None and proc.exe:
+            _, obj = self.symbolizer.objects.open([self.proc / str(pid) / "exe",
+                                                   Path(proc.exe)])
+            build_id = (obj.build_id or "") if obj else ""
+        ref = read_container(pid, self.proc)
+        meta = ProcessLabels(pid=pid, comm=read_comm(pid, self.proc) or thread_name,
+                             executable=(proc.exe or "") if proc else "", build_id=build_id,
+                             cgroup=cgroup_of(pid, self.proc), container_id=ref.container_id,
+                             pod_uid=ref.pod_uid)
+        return self._known.put(pid, (start, meta))[1]
+
+    def comm(self, pid: int) -> str:
+        return self.process(pid).comm
+
+    def _pod(self, meta: ProcessLabels) -> dict[str, str]:
+        """namespace, pod, container, pod_label_* (looked up at each drain: the
+        watch may learn of a pod after its first profile)."""
+        if self.pods is None or not (meta.container_id or meta.pod_uid):
+            return {}
+        pod = self.pods.cache.lookup(ContainerRef(meta.container_id, meta.pod_uid))
+        if pod is None:
+            return {}
+        return pod.labels_for(meta.container_id, self.pod_labels)
+
+    def labels(self, ptype: ProfileType, pid: int, thread_name: str) -> dict[str, str] | None:
+        """A process's profile labels after relabeling; None when a keep or
+        drop rule drops the profile."""
+        meta = self.process(pid, thread_name)
+        return relabel(series_labels(ptype, meta, self.common, self._pod(meta)), self.rules)

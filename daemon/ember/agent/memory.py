@@ -2,9 +2,10 @@
 
 ``memory_limit`` is the RSS the agent must stay under. What it holds beyond
 the interpreter and its libraries is caches: ELF symbol tables, symbolized
-frames, process maps, perf maps. Each cache is a ``Shrinkable``; the
-governor gives the symbol table cache its budget up front (a share of the
-limit), checks RSS after every drain, and when RSS passes the high-water
+frames, process maps, perf maps, labels. Each is a ``cache.BoundedCache``,
+which registers itself: the governor sees every one without being told.
+The symbol table cache gets its budget up front (a share of the limit); the
+governor checks RSS after every drain, and when RSS passes the high-water
 mark (85% of the limit) shrinks the caches, largest first, until it is back
 under the low-water mark (70%). Freed heap goes back to the kernel with
 glibc's malloc_trim. Every shrink is counted per cache, with the bytes given
@@ -12,7 +13,7 @@ up, so a ceiling set too low shows as a steady shrink rate and cache misses,
 never as an OOM kill.
 
 BPF maps are kernel memory, outside RSS: their sizes come from one setting
-of their own (``bpf_map_memory``, see ``map_entries``).
+of their own (``bpf_map_memory``, see kernel/programs.py ``map_entries``).
 """
 
 from __future__ import annotations
@@ -21,9 +22,11 @@ import ctypes
 import ctypes.util
 import logging
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol
+
+from .. import cache
 
 log = logging.getLogger(__name__)
 
@@ -62,11 +65,11 @@ class ShrinkReport:
 
 
 class MemoryGovernor:
-    def __init__(self, limit: int, caches: Sequence[Shrinkable],
+    def __init__(self, limit: int, caches: Callable[[], Iterable[Shrinkable]] = cache.live,
                  on_shrink: Callable[[ShrinkReport], None] | None = None,
                  rss: Callable[[], int] = rss_bytes):
         self.limit = limit
-        self.caches = list(caches)
+        self.caches = caches
         self.on_shrink = on_shrink or (lambda report: None)
         self.rss = rss
         self.shrinks = 0
@@ -78,10 +81,10 @@ class MemoryGovernor:
         reports = []
         target = LOW_WATER * self.limit
         for _ in range(4):  # each round halves what is left
-            for cache in sorted(self.caches, key=lambda c: -c.size_bytes()):
-                if cache.size_bytes() == 0:
+            for c in sorted(self.caches(), key=lambda c: -c.size_bytes()):
+                if c.size_bytes() == 0:
                     continue
-                report = ShrinkReport(cache.name, cache.shrink(0.5))
+                report = ShrinkReport(c.name, c.shrink(0.5))
                 reports.append(report)
                 self.on_shrink(report)
             _malloc_trim()
@@ -94,34 +97,3 @@ class MemoryGovernor:
                     ", ".join(f"{r.cache} -{r.released >> 10} KiB" for r in reports),
                     rss >> 20)
         return reports
-
-
-# --- BPF map sizes from one budget ------------------------------------------------
-
-#: Approximate kernel bytes per entry (value + element and bucket overhead).
-STACK_ENTRY_BYTES = 1100      # 127 addresses
-COUNT_ENTRY_BYTES = 200       # ember_key + ember_value in a preallocated hash
-#: Relative weight of each program in the budget.
-PROGRAM_WEIGHT = {"cpu": 2.0, "offcpu": 1.5, "sched": 1.5}
-
-
-def _pow2_floor(n: int, least: int) -> int:
-    n = max(n, least)
-    return 1 << (n.bit_length() - 1)
-
-
-def map_entries(budget: int, programs: Sequence[str]) -> dict[str, tuple[int, int]]:
-    """(stack_entries, count_entries) per program kind, from the kernel memory
-    budget for all of ember's maps. Stack storage, per generation (2 on-CPU,
-    3 off-CPU; the sampled program keeps two kinds of stack maps), takes 85%
-    of a program's share, counts the rest. Powers of two, at least 1024 stacks
-    and 2048 counts each."""
-    total = sum(PROGRAM_WEIGHT[p] for p in programs) or 1.0
-    out = {}
-    for p in programs:
-        share = budget * PROGRAM_WEIGHT[p] / total
-        stack_maps = {"cpu": 2, "offcpu": 6, "sched": 3}[p]
-        stacks = _pow2_floor(int(share * 0.85 / (stack_maps * STACK_ENTRY_BYTES)), 1024)
-        counts = _pow2_floor(int(share * 0.15 / COUNT_ENTRY_BYTES), 2048)
-        out[p] = (stacks, counts)
-    return out

@@ -19,18 +19,19 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 
+from ..cache import BoundedCache
 from ..config import Rule
 
 _REF = re.compile(r"\$(\d+)|\$\{(\w+)\}")
 _LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 
-_CACHE: dict[str, re.Pattern[str]] = {}
+_PATTERNS: BoundedCache[str, re.Pattern[str]] = BoundedCache("relabel_patterns", 1024)
 
 
 def _compiled(regex: str) -> re.Pattern[str]:
-    p = _CACHE.get(regex)
+    p = _PATTERNS.get(regex)
     if p is None:
-        p = _CACHE[regex] = re.compile(f"^(?:{regex})$")
+        p = _PATTERNS.put(regex, re.compile(f"^(?:{regex})$"))
     return p
 
 

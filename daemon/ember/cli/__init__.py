@@ -421,8 +421,9 @@ def cmd_symbolize(args: argparse.Namespace) -> int:
     from ..symbols.debuginfo import DEFAULT_DEBUG_DIRS
     from ..symbols.demangle import demangle
     from ..symbols.kallsyms import KernelSymbols
+    from ..symbols.objects import ObjectCache
     from ..symbols.procmaps import ProcessTable
-    from ..symbols.symbolizer import ObjectCache, Symbolizer
+    from ..symbols.symbolizer import Symbolizer
 
     table = ProcessTable()
     proc = table.get(args.pid)

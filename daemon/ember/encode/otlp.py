@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from opentelemetry.proto.collector.profiles.v1development import profiles_service_pb2 as svc
 from opentelemetry.proto.common.v1 import common_pb2
 from opentelemetry.proto.profiles.v1development import profiles_pb2 as pb
 from opentelemetry.proto.resource.v1 import resource_pb2
 
-from ..model import Frame, Mapping, ProfileType, Sample, location_groups
+from ..model import Frame, Mapping, Profile, location_groups
 
 #: ember label -> OpenTelemetry resource attribute (semantic conventions).
 RESOURCE_KEYS = {
@@ -36,17 +35,6 @@ RESOURCE_KEYS = {
     "container": "k8s.container.name",
 }
 SCOPE = common_pb2.InstrumentationScope(name="ember", version="0.1.0")
-
-
-@dataclass(frozen=True)
-class ProcessProfile:
-    """What the agent built for one process in one drain."""
-
-    ptype: ProfileType
-    samples: Sequence[Sample]
-    labels: dict[str, str]
-    start_ns: int
-    duration_ns: int
 
 
 class _Tables:
@@ -141,24 +129,26 @@ def _resource(labels: dict[str, str]) -> resource_pb2.Resource:
     return resource_pb2.Resource(attributes=attrs)
 
 
-def to_otlp(profiles: Sequence[ProcessProfile]) -> svc.ExportProfilesServiceRequest:
+def to_otlp(profiles: Sequence[Profile]) -> svc.ExportProfilesServiceRequest:
+    """One request: a ResourceProfiles per profile (its labels as the
+    resource), one OTLP profile per sample type."""
     t = _Tables()
     req = svc.ExportProfilesServiceRequest()
     for p in profiles:
-        rp = req.resource_profiles.add(resource=_resource(p.labels))
+        rp = req.resource_profiles.add(resource=_resource(dict(p.labels)))
         sp = rp.scope_profiles.add(scope=SCOPE)
         stacks = [t.stack(s.frames) for s in p.samples]
         sample_attrs = [[t.attribute("thread.id", str(s.tid)),
                          t.attribute("thread.name", s.thread_name),
                          *(t.attribute(k, v) for k, v in s.labels)] for s in p.samples]
-        for vi, (vtype, unit) in enumerate(p.ptype.sample_types):
+        for vi, (vtype, unit) in enumerate(p.type.sample_types):
             prof = sp.profiles.add(time_unix_nano=p.start_ns, duration_nano=p.duration_ns,
-                                   period=p.ptype.period,
+                                   period=p.type.period,
                                    profile_id=uuid.uuid4().bytes)
             prof.sample_type.type_strindex = t.string(vtype)
             prof.sample_type.unit_strindex = t.string(unit)
-            prof.period_type.type_strindex = t.string(p.ptype.period_type[0])
-            prof.period_type.unit_strindex = t.string(p.ptype.period_type[1])
+            prof.period_type.type_strindex = t.string(p.type.period_type[0])
+            prof.period_type.unit_strindex = t.string(p.type.period_type[1])
             prof.attribute_indices.append(t.attribute("profile.frame.type", "native"))
             for s, si, attrs in zip(p.samples, stacks, sample_attrs, strict=True):
                 if s.values[vi]:
@@ -166,3 +156,28 @@ def to_otlp(profiles: Sequence[ProcessProfile]) -> svc.ExportProfilesServiceRequ
                                      attribute_indices=attrs)
     req.dictionary.CopyFrom(t.d)
     return req
+
+
+def encode_requests(profiles: Sequence[Profile], max_bytes: int) -> list[bytes]:
+    """Serialized export requests holding every profile: one per drain, split
+    in halves while larger than max_bytes."""
+    out = []
+    pending = [list(profiles)] if profiles else []
+    while pending:
+        part = pending.pop()
+        data = to_otlp(part).SerializeToString()
+        if len(data) > max_bytes and len(part) > 1:
+            pending += [part[len(part) // 2:], part[:len(part) // 2]]
+            continue
+        out.append(data)
+    return out
+
+
+def profiles_in(data: bytes) -> int:
+    """How many OTLP profiles (one per sample type) a serialized request
+    holds, as the endpoint counts what it rejects (0 if unreadable)."""
+    try:
+        req = svc.ExportProfilesServiceRequest.FromString(data)
+    except Exception:
+        return 0
+    return sum(len(sp.profiles) for rp in req.resource_profiles for sp in rp.scope_profiles)

@@ -14,14 +14,16 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import grpc
 
+from ..encode import otlp, writeraw
 from ..metrics import AgentMetrics
+from ..model import Profile
 from ..proto import profilestore_pb2 as ps
 from ..proto import profilestore_pb2_grpc as ps_grpc
 from .spool import Spool
@@ -38,24 +40,6 @@ class Endpoint:
     tls_ca: bytes | None = None
     timeout: float = 10.0
     max_message: int = 64 << 20
-
-
-def profiles_in(data: bytes) -> int:
-    try:
-        req = ps.WriteRawRequest.FromString(data)
-    except Exception:
-        return 0
-    return sum(len(s.samples) for s in req.series)
-
-
-def otlp_profiles_in(data: bytes) -> int:
-    from opentelemetry.proto.collector.profiles.v1development import profiles_service_pb2 as svc
-
-    try:
-        req = svc.ExportProfilesServiceRequest.FromString(data)
-    except Exception:
-        return 0
-    return sum(len(sp.profiles) for rp in req.resource_profiles for sp in rp.scope_profiles)
 
 
 def _writeraw_stub(channel: Any) -> Any:
@@ -89,18 +73,23 @@ def _otlp(stub: Any, data: bytes, timeout: float, metadata: Any) -> int:
 
 @dataclass(frozen=True)
 class Wire:
-    """One export protocol: how a channel becomes a stub, how a spooled
-    request is sent (returning how many profiles the backend rejected), and
-    how many profiles a request holds."""
+    """One export protocol: how profiles become requests (at most a size
+    each), how many profiles a request holds, how a channel becomes a stub,
+    and how a spooled request is sent (returning how many profiles the
+    backend rejected)."""
 
     name: str
+    encode: Callable[[Sequence[Profile], int], list[bytes]]
+    count: Callable[[bytes], int]
     stub: Callable[[Any], Any]
     send: Callable[[Any, bytes, float, Any], int]
-    count: Callable[[bytes], int]
 
 
-WRITERAW = Wire("writeraw", _writeraw_stub, _writeraw, profiles_in)
-OTLP = Wire("otlp", _otlp_stub, _otlp, otlp_profiles_in)
+WRITERAW = Wire("writeraw", writeraw.encode_requests, writeraw.profiles_in, _writeraw_stub,
+                _writeraw)
+OTLP = Wire("otlp", otlp.encode_requests, otlp.profiles_in, _otlp_stub, _otlp)
+#: Every wire, by the name ``agent.exporters`` uses.
+WIRES = {w.name: w for w in (WRITERAW, OTLP)}
 
 
 class Shipper:

@@ -5,8 +5,8 @@ and glibc keeps most of it after the compile: the agent would carry it for
 its whole life. So ``build`` runs bcc in a short-lived child
 (``python -m ember.kernel.build``), which compiles, creates the maps, loads the
 programs and hands their file descriptors back over a Unix socket
-(SCM_RIGHTS), then exits. The daemon never imports bcc; tracer.py attaches
-and bpfmaps.py drains through the descriptors alone. Compiler and verifier
+(SCM_RIGHTS), then exits. The daemon never imports bcc; program.py attaches
+and maps.py drains through the descriptors alone. Compiler and verifier
 messages come back as the error text.
 
 The protocol: the spec as JSON on the child's stdin; one message back with a
@@ -24,26 +24,12 @@ import re
 import socket
 import subprocess
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..errors import BpfError
-
-# bcc's clang warns about the Debian kernel headers themselves; those are not
-# ours to fix, and ember's own code is compiled with -Wall on top.
-HEADER_NOISE = ("-Wno-duplicate-decl-specifier", "-Wno-ignored-attributes",
-                "-Wno-address-of-packed-member", "-Wno-unknown-warning-option")
-
-
-def bpf_source_dir() -> Path:
-    """ember/bpf in an installed package (package data), bpf/ in a checkout."""
-    package = Path(__file__).resolve().parents[1]  # ember/
-    for candidate in (package / "bpf", package.parents[1] / "bpf"):
-        if (candidate / "ember.h").is_file():
-            return candidate
-    raise BpfError(f"BPF sources not found next to {package}")
-
+from .programs import ProgramSpec, bpf_source_dir
 
 _LOCAL_INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$')
 
@@ -78,53 +64,6 @@ def flatten_source(name: str, directory: Path | None = None) -> str:
         return out
 
     return "\n".join(expand(name)) + "\n"
-
-
-@dataclass(frozen=True)
-class ProgramSpec:
-    source: str                     # file in bpf/
-    defines: dict[str, int] = field(default_factory=dict)
-    # (function, kind) to load: "perf_event", "tracepoint" or "tp_btf/<tracepoint>";
-    # Built.progs names each "<function>@<kind>"
-    functions: tuple[tuple[str, str], ...] = ()
-
-    def cflags(self, strict: bool = False) -> list[str]:
-        flags = [f"-I{bpf_source_dir()}", *HEADER_NOISE]
-        if strict:
-            flags += ["-Wall", "-Werror"]
-        flags += [f"-D{k}={v}" for k, v in sorted(self.defines.items())]
-        return flags
-
-
-#: In every program (common.h): re-note a process when it execs.
-EXEC_HOOK = ("ember_on_exec", "tp_btf/sched_process_exec")
-
-
-def oncpu_spec(stack_entries: int = 16384, count_entries: int = 16384) -> ProgramSpec:
-    return ProgramSpec("oncpu.c", {"EMBER_STACK_ENTRIES": stack_entries,
-                                   "EMBER_COUNT_ENTRIES": count_entries,
-                                   "EMBER_STACK_GENERATIONS": 2},
-                       (("ember_on_cpu", "perf_event"), EXEC_HOOK))
-
-
-def offcpu_spec(stack_entries: int = 8192, count_entries: int = 16384,
-                thread_entries: int = 32768) -> ProgramSpec:
-    return ProgramSpec("offcpu.c", {"EMBER_STACK_ENTRIES": stack_entries,
-                                    "EMBER_COUNT_ENTRIES": count_entries,
-                                    "EMBER_THREAD_ENTRIES": thread_entries,
-                                    "EMBER_STACK_GENERATIONS": 3},
-                       (("ember_sched_waking", "tracepoint"),
-                        ("ember_sched_switch", "tracepoint"), EXEC_HOOK))
-
-
-def offcpu_sampled_spec(stack_entries: int = 8192, count_entries: int = 16384) -> ProgramSpec:
-    """Duration-weighted off-CPU sampling (bpf/offcpu_sampled.c)."""
-    return ProgramSpec("offcpu_sampled.c", {"EMBER_STACK_ENTRIES": stack_entries,
-                                            "EMBER_COUNT_ENTRIES": count_entries,
-                                            "EMBER_STACK_GENERATIONS": 3},
-                       (("ember_sampled_switch", "tp_btf/sched_switch"),
-                        ("ember_sampled_resume", "tp_btf/rseq_update"),
-                        ("ember_sampled_resume", "tp_btf/sys_exit"), EXEC_HOOK))
 
 
 @dataclass(frozen=True)

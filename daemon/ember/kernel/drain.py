@@ -22,7 +22,7 @@ switch-in, possibly an epoch later, so its counts may name the previous epoch's
 stacks: three stack maps (G = 3), the previous one cleared one drain later.
 
 Nothing here touches bcc: ``DrainMaps`` is the seam. The real implementation is
-in ``tracer.py``; tests drive this module with an in-memory fake.
+in ``program.py``; tests drive this module with an in-memory fake.
 """
 
 from __future__ import annotations
@@ -94,6 +94,14 @@ class DrainStats:
     stacks_carried: int = 0
     pending: int = 0          # off-CPU blocks in progress at the snapshot
     duration_s: float = 0.0
+
+    def add(self, other: DrainStats) -> None:
+        """Sum what several drains read (the in-progress figures are not sums)."""
+        self.records += other.records
+        self.events += other.events
+        self.total_ns += other.total_ns
+        self.stacks_missing += other.stacks_missing
+        self.stacks_truncated += other.stacks_truncated
 
 
 @dataclass

@@ -1,6 +1,7 @@
-"""The BPF edge: ember's programs, built by bpfbuild.py (bcc, in a child
-process), attached here through plain system calls (bpfsys.py), their maps
-exposed to the drainer (bpfmaps.py). The rest of ember is plain Python.
+"""One loaded BPF program: built by build.py (bcc, in a child process),
+attached here through plain system calls (syscalls.py), its maps exposed to
+the drainer (maps.py). What it is, loads and attaches comes from its row in
+programs.py. The rest of ember is plain Python.
 """
 
 from __future__ import annotations
@@ -10,42 +11,44 @@ import logging
 import os
 import select
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from typing import Any
 
 from .. import abi
-from . import syscalls as bpfsys
-from .build import (
-    ProgramSpec,
-    build,
-    flatten_source,
-    offcpu_sampled_spec,
-    offcpu_spec,
-    oncpu_spec,
-)
-
-__all__ = ["Program", "ProgramSpec", "flatten_source", "offcpu_sampled_spec", "offcpu_spec",
-           "oncpu_spec", "self_tgid"]
 from ..errors import BpfError
+from . import syscalls
+from .build import build
 from .maps import BpfMap, PerCpuArray, RingBuffer, StackMap
+from .programs import Hook, ProgramKind
 
 log = logging.getLogger(__name__)
+
 
 class Program:
     """One built BPF object with ember's maps.
 
     Implements drain.DrainMaps."""
 
-    def __init__(self, spec: ProgramSpec, strict: bool = False):
-        self.spec = spec
-        self.generations = spec.defines.get("EMBER_STACK_GENERATIONS", 2)
-        self.built = build(spec, strict)
+    def __init__(self, kind: ProgramKind, stack_entries: int | None = None,
+                 count_entries: int | None = None, strict: bool = False):
+        self.kind = kind
+        self.spec = kind.spec(stack_entries, count_entries)
+        self.generations = kind.generations
+        self.built = build(self.spec, strict)
         self._attach_fds: list[int] = []
         try:
             self._open_maps()
         except BpfError:
             self.built.close()
             raise
+
+    @property
+    def name(self) -> str:
+        return self.kind.name
+
+    @property
+    def block_sampling(self) -> bool:
+        return self.kind.block_sampling
 
     def _open_maps(self) -> None:
         self.config_map = self._map("ember_config", abi.Config)
@@ -59,16 +62,15 @@ class Program:
         self.pids_map = self._map("ember_pids", ct.c_uint64, key=ct.c_uint32)
         self.new_pids = RingBuffer("ember_new_pids", self._fd("ember_new_pids"),
                                    self._max("ember_new_pids"))
-        self.sampled = self.spec.source == "offcpu_sampled.c"
         # kernel stacks of sleeping threads (ids with TASK_STACK_BIT)
         self.task_stack_maps = [StackMap(f"ember_tstacks_{i}", self._fd(f"ember_tstacks_{i}"),
                                          self._max("ember_tstacks_0"))
-                                for i in range(self.generations)] if self.sampled else []
-        offcpu = self.spec.source == "offcpu.c"
-        self.starts_map = self._map("ember_starts", abi.Start, key=ct.c_uint32) if offcpu else None
-        self.wakes_map = self._map("ember_wakes", abi.Wake, key=ct.c_uint32) if offcpu else None
+                                for i in range(self.generations)] if self.block_sampling else []
+        blocks = self.kind.tracks_blocks
+        self.starts_map = self._map("ember_starts", abi.Start, key=ct.c_uint32) if blocks else None
+        self.wakes_map = self._map("ember_wakes", abi.Wake, key=ct.c_uint32) if blocks else None
         self.runq_hist_map = (self._map("ember_runq_hist", ct.c_uint64, key=abi.HistKey)
-                              if offcpu else None)
+                              if blocks else None)
 
     # -- map plumbing --
     def _entry(self, name: str) -> tuple[int, int]:
@@ -88,7 +90,7 @@ class Program:
 
     def map_memory(self) -> dict[str, int]:
         """Kernel memory of each map, from the kernel's own accounting."""
-        return {name: bpfsys.map_memory(fd) for name, (fd, _) in self.built.maps.items()}
+        return {name: syscalls.map_memory(fd) for name, (fd, _) in self.built.maps.items()}
 
     # -- configuration --
     def configure(self, cfg: abi.Config) -> None:
@@ -106,62 +108,43 @@ class Program:
         _sync_set(self.cgroups_map, set(cgroup_ids), ct.c_uint64)
 
     # -- attach --
-    def _prog(self, fn: str, kind: str) -> int:
+    def attach(self, frequency: int = 99, optional: Collection[str] = ()) -> None:
+        """Attach every hook of the program's row, in order (the exec hook
+        first); an optional hook only if its point is in ``optional``.
+        ``frequency``: samples per second per CPU of a perf_event hook. On a
+        failure, what was attached is detached again."""
         try:
-            return self.built.progs[f"{fn}@{kind}"]
+            for hook in self.kind.all_hooks():
+                if not hook.optional or hook.point in optional:
+                    self._attach(hook, frequency)
+        except OSError as exc:
+            self.detach()
+            raise BpfError(f"attaching {_where(hook)} failed: {exc}") from None
+
+    def _attach(self, hook: Hook, frequency: int) -> None:
+        prog = self._prog(hook)
+        if hook.point == "perf_event":
+            for cpu in syscalls.online_cpus():
+                fd = syscalls.perf_event_open(syscalls.PERF_TYPE_SOFTWARE,
+                                              syscalls.PERF_COUNT_SW_CPU_CLOCK, cpu,
+                                              freq=frequency)
+                self._attach_fds.append(fd)
+                syscalls.perf_attach_bpf(fd, prog)
+        elif hook.point.startswith("tracepoint/"):
+            _, category, name = hook.point.split("/")
+            fd = syscalls.perf_event_open(syscalls.PERF_TYPE_TRACEPOINT,
+                                          syscalls.tracepoint_id(category, name), 0, period=1)
+            self._attach_fds.append(fd)
+            syscalls.perf_attach_bpf(fd, prog)
+        else:  # tp_btf: its BTF id names the tracepoint
+            self._attach_fds.append(syscalls.raw_tracepoint_open(prog))
+
+    def _prog(self, hook: Hook) -> int:
+        try:
+            return self.built.progs[hook.label]
         except KeyError:
-            raise BpfError(f"{fn} ({kind}) not in {self.spec.source}") from None
-
-    def _attach_exec_hook(self) -> None:
-        try:
-            self._attach_fds.append(bpfsys.raw_tracepoint_open(
-                self._prog("ember_on_exec", "tp_btf/sched_process_exec")))
-        except OSError as exc:
-            self.detach()
-            raise BpfError(f"attaching tp_btf/sched_process_exec failed: {exc}") from None
-
-    def attach_cpu_clock(self, frequency: int) -> None:
-        """A cpu-clock perf event per online CPU, sampling at frequency Hz."""
-        self._attach_exec_hook()
-        prog = self._prog("ember_on_cpu", "perf_event")
-        try:
-            for cpu in bpfsys.online_cpus():
-                fd = bpfsys.perf_event_open(bpfsys.PERF_TYPE_SOFTWARE,
-                                            bpfsys.PERF_COUNT_SW_CPU_CLOCK, cpu, freq=frequency)
-                self._attach_fds.append(fd)
-                bpfsys.perf_attach_bpf(fd, prog)
-        except OSError as exc:
-            self.detach()
-            raise BpfError(f"attaching the cpu-clock perf event failed: {exc}") from None
-
-    def attach_sched_switch(self) -> None:
-        """sched_switch, and sched_waking (to split blocked from queued time)."""
-        self._attach_exec_hook()
-        for tp, fn in (("sched_waking", "ember_sched_waking"),
-                       ("sched_switch", "ember_sched_switch")):
-            try:
-                fd = bpfsys.perf_event_open(bpfsys.PERF_TYPE_TRACEPOINT,
-                                            bpfsys.tracepoint_id("sched", tp), 0, period=1)
-                self._attach_fds.append(fd)
-                bpfsys.perf_attach_bpf(fd, self._prog(fn, "tracepoint"))
-            except OSError as exc:
-                self.detach()
-                raise BpfError(f"attaching sched:{tp} failed: {exc}") from None
-
-    def attach_sampled_offcpu(self, sys_exit: bool = False) -> None:
-        """sched_switch, rseq_update and optionally sys_exit, as BTF
-        tracepoints (offcpu_sampled.c). The resume hooks go first: a block
-        chosen at switch-in is never left without one."""
-        self._attach_exec_hook()
-        hooks = ["rseq_update"] + (["sys_exit"] if sys_exit else [])
-        links = [("ember_sampled_resume", f"tp_btf/{tp}") for tp in hooks]
-        links.append(("ember_sampled_switch", "tp_btf/sched_switch"))
-        for fn, kind in links:
-            try:
-                self._attach_fds.append(bpfsys.raw_tracepoint_open(self._prog(fn, kind)))
-            except OSError as exc:
-                self.detach()
-                raise BpfError(f"attaching {kind} failed: {exc}") from None
+            raise BpfError(f"{hook.function} ({hook.load_kind}) not in {self.spec.source}") \
+                from None
 
     def detach(self) -> None:
         """Stop the programs (close their events and links, newest first);
@@ -239,7 +222,7 @@ class Program:
         BPF statistics (zero unless kernel.bpf_stats_enabled=1)."""
         t = n = 0
         for fd in self.built.progs.values():
-            dt, dn = bpfsys.prog_stats(fd)
+            dt, dn = syscalls.prog_stats(fd)
             t += dt
             n += dn
         return t, n
@@ -268,3 +251,12 @@ def _sync_set(m: BpfMap, wanted: set[int], ctype: Any) -> None:
 
 def self_tgid() -> int:
     return os.getpid()
+
+
+def _where(hook: Hook) -> str:
+    """A hook's attach point as error messages name it."""
+    if hook.point == "perf_event":
+        return "the cpu-clock perf event"
+    if hook.point.startswith("tracepoint/"):
+        return ":".join(hook.point.split("/")[1:])
+    return hook.point

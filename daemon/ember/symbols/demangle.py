@@ -18,6 +18,7 @@ import functools
 import re
 from typing import Any
 
+from ..cache import BoundedCache
 from .rust_v0 import demangle_v0
 
 _RUST_HASH = re.compile(r"17h[0-9a-f]{16}E$")
@@ -43,10 +44,21 @@ def _runtime() -> tuple[Any, Any] | None:
     return fn, free
 
 
-@functools.lru_cache(maxsize=65536)
+_DEMANGLED: BoundedCache[str, str] = BoundedCache("demangled_names", 1 << 16)
+
+
 def demangle(name: str) -> str:
     """The demangled form of an Itanium C++ ABI or Rust name; other names
     unchanged."""
+    if not name.startswith(("_R", "_Z")):
+        return name
+    hit = _DEMANGLED.get(name)
+    if hit is None:
+        hit = _DEMANGLED.put(name, _demangle(name))
+    return hit
+
+
+def _demangle(name: str) -> str:
     if name.startswith("_R"):
         return demangle_v0(name.split(".", 1)[0]) or name
     if not name.startswith("_Z"):

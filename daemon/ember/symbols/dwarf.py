@@ -32,6 +32,7 @@ from typing import Any
 
 from elftools.dwarf.ranges import BaseAddressEntry
 
+from ..cache import BoundedCache
 from ..errors import DwarfError
 
 log = logging.getLogger(__name__)
@@ -99,7 +100,6 @@ class DwarfLines:
 
     def __init__(self, path: Path | str, max_units: int = 256):
         self.path = str(path)
-        self._max_units = max_units
         try:
             from elftools.elf.elffile import ELFFile
 
@@ -113,7 +113,9 @@ class DwarfLines:
                 self._dwarf = elf.get_dwarf_info(relocate_dwarf_sections=False)
                 self._section_bytes = sum(
                     s["sh_size"] for s in elf.iter_sections() if s.name.startswith(".debug_"))
-            self._units: dict[int, _Unit | None] = {}
+            # parsed units: part of this object's weight in ObjectCache.dwarf
+            self._units: BoundedCache[int, _Unit | None] = BoundedCache(
+                "dwarf_units", max_units, register=False)
             self._index_starts: list[int] = []
             self._index: list[tuple[int, int, int]] = []  # (lo, hi, cu offset)
             self._build_index()
@@ -178,16 +180,13 @@ class DwarfLines:
 
     def _unit(self, offset: int) -> _Unit | None:
         if offset in self._units:
-            return self._units[offset]
-        if len(self._units) >= self._max_units:
-            self._units.pop(next(iter(self._units)))
+            return self._units.get(offset)
         try:
             unit: _Unit | None = self._parse_unit(offset)
         except Exception as exc:  # a malformed unit: its addresses get no lines
             log.debug("%s: compile unit at %#x: %r", self.path, offset, exc)
             unit = None
-        self._units[offset] = unit
-        return unit
+        return self._units.put(offset, unit)
 
     def _parse_unit(self, offset: int) -> _Unit:
         cu = self._dwarf.get_CU_at(offset)

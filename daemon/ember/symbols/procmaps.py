@@ -18,6 +18,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..cache import BoundedCache
+
 log = logging.getLogger(__name__)
 
 PF_KTHREAD = 0x00200000
@@ -146,10 +148,14 @@ class ProcessTable:
     the controller drains and symbolizes.
     """
 
-    def __init__(self, procfs: ProcFS | None = None, keep_rounds: int = 3):
+    def __init__(self, procfs: ProcFS | None = None, keep_rounds: int = 3,
+                 max_processes: int = 1 << 16):
         self.procfs = procfs or ProcFS()
         self.keep_rounds = keep_rounds
-        self._table: dict[int, tuple[Process, int]] = {}
+        # pid -> (its process, the round it was last seen in), least recently
+        # seen first: what the memory governor gives up first
+        self._table: BoundedCache[int, tuple[Process, int]] = BoundedCache(
+            "process_maps", max_processes, max_bytes=256 << 20, weigh=_process_bytes)
         self._recheck: dict[int, float] = {}   # pid -> when to read its maps again
         self._round = 0
         self._lock = threading.RLock()
@@ -158,10 +164,11 @@ class ProcessTable:
         for pid in set(pids):
             proc = self.procfs.read(pid)  # outside the lock: /proc reads are slow
             with self._lock:
+                known = self._table.get(pid)
                 if proc is not None:
-                    self._table[pid] = (proc, self._round)
-                elif pid in self._table:
-                    self._table[pid] = (self._table[pid][0], self._round)
+                    self._table.put(pid, (proc, self._round))
+                elif known is not None:
+                    self._table.put(pid, (known[0], self._round))
 
     def noted(self, pids: Iterable[int], now: float) -> None:
         """Processes the kernel just noted (new, or just exec'd): read their
@@ -199,7 +206,7 @@ class ProcessTable:
                 if entry is None:
                     new.append(pid)
                 else:
-                    self._table[pid] = (entry[0], self._round)
+                    self._table.put(pid, (entry[0], self._round))
         self.refresh(new)
 
     def discover(self, pids: Iterable[int]) -> None:
@@ -212,27 +219,9 @@ class ProcessTable:
         """End a round: forget what was not refreshed in the last rounds."""
         with self._lock:
             self._round += 1
-            for pid, (_, seen) in list(self._table.items()):
+            for pid, (_, seen) in self._table.items():
                 if self._round - seen > self.keep_rounds:
-                    del self._table[pid]
-
-    # memory.Shrinkable
-    name = "process_maps"
-    _MAP_BYTES = 250  # a MapEntry with its path string, roughly
-
-    def size_bytes(self) -> int:
-        with self._lock:
-            return sum(self._MAP_BYTES * len(p.maps) for p, _ in self._table.values())
-
-    def shrink(self, fraction: float) -> int:
-        """Forget the processes not refreshed for the longest (they are read
-        again if they show up in a later drain)."""
-        before = self.size_bytes()
-        with self._lock:
-            by_age = sorted(self._table, key=lambda pid: self._table[pid][1])
-            for pid in by_age[:int(len(by_age) * fraction)]:
-                del self._table[pid]
-        return before - self.size_bytes()
+                    self._table.pop(pid)
 
     def get(self, pid: int) -> Process | None:
         with self._lock:
@@ -244,8 +233,12 @@ class ProcessTable:
         return entry[0] if entry else None
 
     def __len__(self) -> int:
-        with self._lock:
-            return len(self._table)
+        return len(self._table)
+
+
+def _process_bytes(entry: tuple[Process, int]) -> int:
+    """A MapEntry with its path string is about 250 bytes."""
+    return 250 * len(entry[0].maps) + 200
 
 
 class ProcessWatcher:

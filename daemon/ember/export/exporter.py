@@ -1,0 +1,65 @@
+"""One exporter per wire: profiles -> requests on disk -> a backend.
+
+An exporter encodes a drain's profiles into its wire's requests (WriteRaw:
+series packed into requests of at most ``MAX_REQUEST_BYTES``; OTLP: one
+request per drain, halved while larger), writes them to its own spool, and
+owns the shipper thread that sends them, so a slow or absent backend never
+delays a drain. What the spool drops when full is counted here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from ..config import AgentConfig, read_token
+from ..errors import ConfigError
+from ..metrics import AgentMetrics
+from ..model import Profile
+from .shipper import WIRES, Endpoint, Shipper, Wire
+from .spool import Spool
+
+MAX_REQUEST_BYTES = 4 << 20
+
+
+class Exporter:
+    def __init__(self, wire: Wire, spool: Spool, endpoint: Endpoint, metrics: AgentMetrics,
+                 max_backoff: float):
+        self.wire = wire
+        self.spool = spool
+        self.counters = metrics.shipping[wire.name]
+        self.shipper = Shipper(spool, endpoint, metrics, max_backoff, wire=wire)
+
+    def export(self, profiles: Sequence[Profile]) -> None:
+        """Encode and spool (the shipper thread sends)."""
+        for request in self.wire.encode(profiles, MAX_REQUEST_BYTES):
+            dropped = self.spool.put(request)
+            if dropped.requests:
+                self.counters.spool_dropped.inc(dropped.profiles)
+                self.counters.spool_dropped_bytes.inc(dropped.bytes)
+
+
+def endpoint(cfg: AgentConfig, wire: str) -> Endpoint:
+    """Where a wire sends, with its token and CA, from the configuration."""
+    address, token_file, tls_ca = ((cfg.collector, cfg.token_file, cfg.tls_ca)
+                                   if wire == "writeraw" else
+                                   (cfg.otlp_endpoint, cfg.otlp_token_file, cfg.otlp_tls_ca))
+    ca = None
+    if tls_ca:
+        try:
+            ca = Path(tls_ca).read_bytes()
+        except OSError as exc:
+            raise ConfigError(f"{tls_ca}: cannot read CA certificate: {exc.strerror}") from exc
+    return Endpoint(address, read_token(token_file), ca, cfg.send_timeout)
+
+
+def exporters(cfg: AgentConfig, metrics: AgentMetrics) -> dict[str, Exporter]:
+    """An exporter per configured wire. WriteRaw spools in spool_dir, the
+    others in a directory of their own below it."""
+    out = {}
+    for name in cfg.exporters:
+        wire = WIRES[name]
+        directory = Path(cfg.spool_dir) if name == "writeraw" else Path(cfg.spool_dir) / name
+        spool = Spool(directory, cfg.spool_max_size, count_profiles=wire.count)
+        out[name] = Exporter(wire, spool, endpoint(cfg, name), metrics, cfg.max_backoff)
+    return out

@@ -1,0 +1,240 @@
+"""A profiling session: what ``ember record`` and the agent share.
+
+A session plans which BPF programs serve the profile kinds asked for (one
+program can serve several: run queue, wakeup and off-wake come from one),
+checks the host, builds and configures the programs, attaches them, reads
+new processes' maps while they live (a watcher thread fed by the programs'
+rings), and drains: each program's maps into records, the records into
+samples of each kind. What happens to the samples is the caller's: ``ember
+record`` accumulates them into one profile; the agent labels, encodes and
+ships them every interval.
+
+Order of a session's life: ``check_host``, ``load``, (``set_targets``),
+``attach``, then ``discover`` and ``drain`` as often as wanted, ``detach``
+and a final ``drain(final=True)``, ``close``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Collection, Iterable
+from dataclasses import dataclass, field
+
+from . import abi
+from .errors import SymbolizationError, UsageError
+from .kernel import preflight
+from .kernel.drain import Drainer, DrainResult
+from .kernel.program import Program, self_tgid, wait_new_processes
+from .kernel.programs import (
+    DEFAULT_MAP_MEMORY,
+    PROGRAMS,
+    SYS_EXIT_HOOK,
+    ProgramKind,
+    map_entries,
+)
+from .model import KIND_NAMES, ProfileKind, Sample
+from .stacks import SampleBuilder
+from .symbols.kallsyms import KernelSymbols
+from .symbols.procmaps import ProcessWatcher
+from .symbols.symbolizer import Symbolizer
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SessionOptions:
+    """What to record and how: the settings ``ember record``'s flags and the
+    agent's configuration both come down to."""
+
+    kinds: tuple[ProfileKind, ...]
+    frequency: int = 99                  # on-CPU samples per second per CPU
+    user_stacks: frozenset[str] = frozenset(KIND_NAMES)    # kinds that walk user stacks
+    kernel_stacks: frozenset[str] = frozenset(KIND_NAMES)  # ... and kernel stacks
+    min_block_ns: int = 1000             # off-CPU: shorter blocks are ignored
+    max_block_ns: int = 0                # off-CPU: longer blocks are ignored (0: none)
+    sample_ns: int = 1_000_000           # off-CPU sampling threshold (0: every block)
+    state_mask: int = 0                  # off-CPU: only these thread states (0: all)
+    sys_exit: bool = False               # sampled off-CPU: user stacks at sys_exit too
+    include_self: bool = False           # profile ember's own process too
+    map_memory: int = DEFAULT_MAP_MEMORY  # kernel memory for all BPF maps
+
+    def plan(self) -> list[tuple[ProgramKind, tuple[ProfileKind, ...]]]:
+        """Each program to run, in the table's order, with the kinds it makes
+        here. A kind with an exact program uses it when sampling is off."""
+        wanted: dict[str, list[ProfileKind]] = {}
+        for kind in self.kinds:
+            program = kind.exact_program if kind.exact_program and not self.sample_ns \
+                else kind.program
+            wanted.setdefault(program, []).append(kind)
+        plan = [(p, tuple(wanted[p.name])) for p in PROGRAMS if p.name in wanted]
+        for _, kinds in plan:
+            if not self.stack_flags(kinds):
+                raise UsageError(f"{kinds[0].name} records neither user nor kernel stacks "
+                                 "(user_stacks, kernel_stacks)")
+        return plan
+
+    def stack_flags(self, kinds: Iterable[ProfileKind]) -> int:
+        """Which stacks a program walks: those any of its kinds asks for."""
+        names = {k.name for k in kinds}
+        return ((abi.STACK_USER if names & self.user_stacks else 0)
+                | (abi.STACK_KERNEL if names & self.kernel_stacks else 0))
+
+    def bpf_config(self, kinds: Collection[ProfileKind]) -> abi.Config:
+        """ember_config of a program making ``kinds`` (epoch 0, no filter)."""
+        return abi.Config(
+            epoch=0, filter=0, self_tgid=0 if self.include_self else self_tgid(),
+            stack_flags=self.stack_flags(kinds), state_mask=self.state_mask,
+            modes=sum(k.mode for k in kinds), min_block_ns=self.min_block_ns,
+            max_block_ns=self.max_block_ns, sample_ns=self.sample_ns)
+
+    @property
+    def optional_hooks(self) -> frozenset[str]:
+        return frozenset([SYS_EXIT_HOOK] if self.sys_exit else [])
+
+
+@dataclass
+class Pipeline:
+    """One loaded program and what turns its maps into samples."""
+
+    program: Program
+    drainer: Drainer
+    builders: list[SampleBuilder]
+
+    @property
+    def name(self) -> str:
+        return self.program.name
+
+
+@dataclass
+class Drained:
+    """One program's drain: its records, and the samples of each kind."""
+
+    program: Program
+    result: DrainResult
+    samples: list[tuple[SampleBuilder, list[Sample]]] = field(default_factory=list)
+    seconds: float = 0.0      # draining and building samples
+
+
+class Session:
+    def __init__(self, options: SessionOptions, symbolizer: Symbolizer):
+        self.options = options
+        self.plan = options.plan()
+        self.symbolizer = symbolizer
+        self.pipelines: list[Pipeline] = []
+        self.watcher: ProcessWatcher | None = None
+        self.attached = False
+        self._closed = False
+
+    @property
+    def kinds(self) -> list[ProfileKind]:
+        return [k for _, kinds in self.plan for k in kinds]
+
+    def programs(self) -> dict[str, Program]:
+        """Loaded programs by name (the BPF metrics read them at scrape time)."""
+        return {p.name: p.program for p in self.pipelines}
+
+    # --- start ---
+    def check_host(self) -> None:
+        """Fail early, with one clear line, on what the programs need; read
+        kernel symbols when kernel stacks are asked for."""
+        preflight.preflight(tracepoints=any(p.needs_tracefs for p, _ in self.plan))
+        if self.options.kernel_stacks & {k.name for k in self.kinds}:
+            try:
+                self.symbolizer.kernel = KernelSymbols()
+            except SymbolizationError as exc:
+                log.warning("%s", exc)
+
+    def load(self) -> None:
+        """Build every program, sized from the map budget, and configure it."""
+        o = self.options
+        entries = map_entries(o.map_memory, [p for p, _ in self.plan])
+        for kind, kinds in self.plan:
+            stacks, counts = entries[kind.name]
+            program = Program(kind, stack_entries=stacks, count_entries=counts)
+            self.pipelines.append(Pipeline(program, Drainer(program), [
+                SampleBuilder(self.symbolizer, k, o.frequency) for k in kinds]))
+            program.configure(o.bpf_config(kinds))
+
+    def set_targets(self, filter_: int, pids: Iterable[int] = (),
+                    cgroups: Iterable[int] = ()) -> None:
+        """Profile only these processes and cgroups (filter: abi.FILTER_* bits
+        of the rules that apply; 0: every process)."""
+        pids, cgroups = set(pids), set(cgroups)
+        for p in self.pipelines:
+            p.program.set_targets(pids)
+            p.program.set_cgroups(cgroups)
+            cfg = p.program.config()
+            cfg.filter = filter_
+            p.program.configure(cfg)
+
+    def attach(self) -> None:
+        """Start reading new processes' maps, then attach every program."""
+        programs = [p.program for p in self.pipelines]
+        self.watcher = ProcessWatcher(self.symbolizer.processes,
+                                      lambda t: wait_new_processes(programs, t))
+        self.watcher.start()
+        for p in self.pipelines:
+            p.program.attach(self.options.frequency, self.options.optional_hooks)
+        self.attached = True
+
+    def reconfigure(self, options: SessionOptions) -> None:
+        """New run-time settings for the programs already attached (SIGHUP):
+        the epoch and the target filter stay as they are."""
+        if options.plan() != self.plan:
+            raise UsageError("the profile kinds and programs cannot change while attached")
+        self.options = options
+        for p, (_, kinds) in zip(self.pipelines, self.plan, strict=True):
+            cfg = options.bpf_config(kinds)
+            cfg.epoch = p.drainer.epoch
+            cfg.filter = p.program.config().filter
+            p.program.configure(cfg)
+
+    # --- running ---
+    def discover(self) -> None:
+        """Read the maps of processes with events that the watcher's ring
+        missed (it was full: new_pids_full)."""
+        for p in self.pipelines:
+            self.symbolizer.processes.discover(p.program.take_active_pids())
+
+    def drain(self, final: bool = False, end_ns: int | None = None) -> list[Drained]:
+        """Drain every program and build its kinds' samples. With ``final``
+        (programs detached) and ``end_ns`` (monotonic), blocks still in
+        progress are charged up to end_ns."""
+        o = self.options
+        out = []
+        for p in self.pipelines:
+            t0 = time.monotonic()
+            result = p.drainer.drain(final=final, now_ns=end_ns, min_ns=o.min_block_ns,
+                                     max_ns=o.max_block_ns)
+            drained = Drained(p.program, result)
+            for builder in p.builders:
+                drained.samples.append((builder, builder.build(result.records)))
+            drained.seconds = time.monotonic() - t0
+            out.append(drained)
+        return out
+
+    def kernel_stats(self) -> dict[str, dict[abi.Stat, int]]:
+        """Each program's own counters (never reset)."""
+        return {p.name: p.program.stats() for p in self.pipelines}
+
+    # --- stop ---
+    def detach(self) -> None:
+        """Stop the programs, then the watcher (it may take a while to notice:
+        the programs must not count meanwhile); the maps stay readable."""
+        for p in self.pipelines:
+            p.program.detach()
+        self.attached = False
+        if self.watcher is not None:
+            self.watcher.stop()
+
+    def close(self) -> None:
+        """Idempotent; runs on every path."""
+        if self._closed:
+            return
+        self._closed = True
+        if self.watcher is not None:
+            self.watcher.stop()
+        for p in self.pipelines:
+            p.program.close()
+
