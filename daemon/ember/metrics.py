@@ -9,9 +9,9 @@ copied on a timer.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 from prometheus_client.core import (
@@ -26,8 +26,17 @@ from prometheus_client.registry import Collector
 from . import __version__, abi
 from .errors import ALL_ERRORS
 
-if TYPE_CHECKING:
-    from .kernel.program import Program
+
+class ProgramStats(Protocol):
+    """What the scrape-time collector reads of a loaded BPF program
+    (kernel/program.py Program)."""
+
+    @property
+    def block_sampling(self) -> bool: ...
+    def stats(self) -> Mapping[abi.Stat, int]: ...
+    def run_stats(self) -> tuple[int, int]: ...
+    def map_memory(self) -> dict[str, int]: ...
+    def runq_histogram(self) -> dict[int, list[int]]: ...
 
 #: BPF stat -> (metric, labels) for the kernel-side drop and event counters.
 _LOST = {
@@ -153,7 +162,7 @@ class AgentMetrics:
 class BpfStatsCollector(Collector):
     """Reads the BPF programs' own counters when Prometheus scrapes."""
 
-    def __init__(self, programs: Callable[[], dict[str, Program]],
+    def __init__(self, programs: Callable[[], Mapping[str, ProgramStats]],
                  comm_of: Callable[[int], str] | None = None):
         self.programs = programs
         self.comm_of = comm_of or (lambda pid: "")
@@ -190,7 +199,7 @@ class BpfStatsCollector(Collector):
             dropped.add_metric([kind, "threads_map_full"], stats[abi.Stat.THREADS_FULL])
             for stat, reason in _LOST.items():
                 lost.add_metric([kind, reason], stats[stat])
-            if getattr(prog, "sampled", False):
+            if prog.block_sampling:
                 blocks.add_metric([kind, "seen"], stats[abi.Stat.EVENTS])
                 blocks.add_metric([kind, "sampled"], stats[abi.Stat.SAMPLED])
             t, n = prog.run_stats()
