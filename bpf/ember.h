@@ -2,11 +2,12 @@
  *
  * Structs and constants shared by ember's BPF programs and the Python daemon.
  * daemon/ember/abi.py mirrors every struct and constant here; the test
- * tests/bpf/test_abi.py compiles this header and checks that both sides agree
- * on sizes, offsets and values.
+ * tests/test_abi.py compiles this header and checks that both sides agree on
+ * every name, size, offset and value.
  *
- * Build-time parameters come in as -D flags from the loader (daemon/ember/loader.py);
- * run-time parameters live in the ember_config array map.
+ * Build-time parameters come in as -D flags (daemon/ember/kernel/programs.py
+ * says which; the defaults below are the only ones); run-time parameters
+ * live in the ember_config array map.
  */
 #ifndef EMBER_H
 #define EMBER_H
@@ -36,7 +37,7 @@
 #ifndef EMBER_NEW_PID_PAGES
 #define EMBER_NEW_PID_PAGES 16
 #endif
-/* How many stack maps rotate with the epoch (see daemon/ember/drain.py). */
+/* How many stack maps rotate with the epoch (see daemon/ember/kernel/drain.py). */
 #ifndef EMBER_STACK_GENERATIONS
 #define EMBER_STACK_GENERATIONS 2
 #endif
@@ -203,8 +204,9 @@ struct ember_block {
  * of their own; their ids carry this bit so the daemon knows where to look. */
 #define EMBER_TASK_STACK_BIT 0x40000000
 
-/* Raw task states (kernel ABI since 4.14; the verifier cannot check these,
- * tests/bpf/test_offcpu.py does): see include/linux/sched.h. */
+/* Raw task states (kernel ABI since 4.14; the verifier cannot check these:
+ * tests/bpf/test_offcpu.py checks the states they come out as, sleeping and
+ * runnable threads named so): see include/linux/sched.h. */
 #define EMBER_RAW_TASK_DEAD 0x80
 #define EMBER_RAW_TASK_NOLOAD 0x400
 #define EMBER_RAW_TASK_RTLOCK_WAIT 0x1000

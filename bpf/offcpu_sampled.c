@@ -29,7 +29,7 @@
  * Off-CPU time here runs from switch-out to switch-in (run-queue wait
  * included, as bcc's offcputime counts it); offcpu.c splits it at the wakeup.
  *
- * Attached as BTF tracepoints (tp_btf) by daemon/ember/btfprog.py: they get
+ * Attached as BTF tracepoints (tp_btf), loaded by daemon/ember/kernel/tp_btf.py: they get
  * the task pointers, which task storage and bpf_get_task_stack need. Kernel
  * structs are never read through header offsets: only helpers, and struct
  * pt_regs, whose layout is the x86-64 entry ABI.

@@ -1,14 +1,16 @@
-"""bpf/ember.h and ember.abi agree on every struct layout and constant."""
+"""bpf/ember.h and ember.abi agree on every struct layout and constant, and
+neither has a name the other lacks."""
 
 from __future__ import annotations
 
 import ctypes as ct
 import json
+import re
 import subprocess
 from pathlib import Path
 
 from ember import abi
-from ember.kernel.build import bpf_source_dir
+from ember.kernel.programs import bpf_source_dir
 
 
 def c_layout(tmp_path: Path) -> dict[str, object]:
@@ -52,3 +54,37 @@ def test_state_names() -> None:
     assert abi.state_name(abi.STATE_UNINTERRUPTIBLE) == "disk-sleep"
     assert abi.state_name(0x3) == "sleeping+disk-sleep"
     assert abi.state_name(0x200) == "state-0x200"
+
+
+def header() -> str:
+    return (bpf_source_dir() / "ember.h").read_text()
+
+
+def test_every_name_of_the_header_is_mirrored() -> None:
+    """A #define, an enum ember_stat entry or a struct added to ember.h
+    without its Python mirror fails here (the layout test only checks what
+    abi.py already lists)."""
+    text = header()
+    defines = set(re.findall(r"^#define (EMBER_\w+) ", text, re.M))
+    stats = {f"EMBER_STAT_{s.name}" for s in abi.Stat} | {"EMBER_STAT_MAX"}
+    enum = set(re.findall(r"^\s+(EMBER_STAT_\w+)", text, re.M))
+    assert enum == stats
+    assert defines - {"EMBER_H"} <= set(abi.CONSTANTS), defines - set(abi.CONSTANTS)
+    structs = set(re.findall(r"^struct (ember_\w+) \{", text, re.M))
+    assert structs == set(abi.STRUCTS)
+
+
+def test_struct_fields_in_the_same_order() -> None:
+    text = header()
+    for cname, struct in abi.STRUCTS.items():
+        body = re.search(rf"^struct {cname} \{{(.*?)^\}};", text, re.M | re.S)
+        assert body is not None, cname
+        fields = re.findall(r"^\s+(?:__[us]\d+|char)\s+(\w+)", body.group(1), re.M)
+        assert fields == [f for f, _ in struct._fields_], cname
+
+
+def test_build_time_defaults_are_the_headers() -> None:
+    """abi.DEFAULT_DEFINES is the one Python copy of the #ifndef defaults."""
+    text = header()
+    defaults = dict(re.findall(r"#ifndef (EMBER_\w+)\n#define \1 (\d+)", text))
+    assert {k: int(v) for k, v in defaults.items()} == abi.DEFAULT_DEFINES
