@@ -1,9 +1,9 @@
-"""ember's BPF maps, addressed by file descriptor (system calls in bpfsys.py).
+"""ember's BPF maps, addressed by file descriptor (system calls in syscalls.py).
 
 bcc's Python table classes are not used for draining: in bcc 0.26 the batch
 lookup passes the same integer as batch token and element count, and
 ``StackTrace.clear()`` does nothing; and the daemon does not load bcc at all
-(its programs are compiled in a child process, bpfbuild.py). Each method does
+(its programs are compiled in a child process, build.py). Each method does
 one system call (batches: one per bucket run) and reports errors with errno.
 """
 
@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 from .. import abi
 from ..errors import BpfError
-from . import syscalls as bpfsys
+from . import syscalls
 from .syscalls import possible_cpus
 
 S = TypeVar("S", bound=ct.Structure)
@@ -41,7 +41,7 @@ class BpfMap:
     def lookup(self, key: Any) -> Any | None:
         value = self.value_type()
         try:
-            bpfsys.map_lookup(self.fd, key, value)
+            syscalls.map_lookup(self.fd, key, value)
         except OSError as exc:
             if exc.errno == errno.ENOENT:
                 return None
@@ -50,13 +50,13 @@ class BpfMap:
 
     def update(self, key: Any, value: Any) -> None:
         try:
-            bpfsys.map_update(self.fd, key, value)
+            syscalls.map_update(self.fd, key, value)
         except OSError as exc:
             raise self._fail("update", exc) from None
 
     def delete(self, key: Any) -> bool:
         try:
-            bpfsys.map_delete(self.fd, key)
+            syscalls.map_delete(self.fd, key)
         except OSError as exc:
             if exc.errno == errno.ENOENT:
                 return False
@@ -69,7 +69,7 @@ class BpfMap:
         prev: Any = None
         while True:
             try:
-                bpfsys.map_next_key(self.fd, prev, key)
+                syscalls.map_next_key(self.fd, prev, key)
             except OSError as exc:
                 if exc.errno == errno.ENOENT:
                     return
@@ -92,7 +92,7 @@ class BpfMap:
         total = 0
         first = True
         while total < n:
-            rc, count = bpfsys.map_lookup_batch(
+            rc, count = syscalls.map_lookup_batch(
                 self.fd, None if first else token, out_token,
                 ct.addressof(keys) + ksize * total, ct.addressof(values) + vsize * total,
                 n - total)
@@ -110,7 +110,7 @@ class BpfMap:
         if not keys:
             return 0
         arr = (self.key_type * len(keys))(*keys)
-        rc, count = bpfsys.map_delete_batch(self.fd, ct.addressof(arr), len(keys))
+        rc, count = syscalls.map_delete_batch(self.fd, ct.addressof(arr), len(keys))
         if rc != 0:
             # A key that vanished stops the batch: fall back to one by one.
             return count + sum(self.delete(k) for k in keys[count:])

@@ -2,7 +2,7 @@
 
 The daemon drains maps, attaches programs and reads their statistics through
 file descriptors alone: bcc (and the LLVM inside it) lives only in the short
-child process that compiles the programs (bpfbuild.py). Each function here is
+child process that compiles the programs (build.py). Each function here is
 one system call; failures raise OSError with the errno.
 
 Layouts are the kernel's UAPI (include/uapi/linux/bpf.h, perf_event.h),

@@ -6,7 +6,7 @@ bpf_get_task_stack. bcc 0.26 compiles such a function but cannot load it (its
 loader drops the attach type when it looks up the BTF id), so ember loads the
 instructions bcc produced, already relocated against bcc's maps, with
 BPF_PROG_LOAD as BPF_PROG_TYPE_TRACING / BPF_TRACE_RAW_TP. Attaching is
-BPF_RAW_TRACEPOINT_OPEN (bpfsys.raw_tracepoint_open): no trampoline, so this
+BPF_RAW_TRACEPOINT_OPEN (syscalls.raw_tracepoint_open): no trampoline, so this
 works where fentry/fexit are refused. Runs where bcc is loaded (the build
 child, benchmarks).
 """
@@ -17,7 +17,7 @@ import ctypes as ct
 from typing import Any
 
 from ..errors import BpfError
-from . import syscalls as bpfsys
+from . import syscalls
 
 _LOG_SIZE = 1 << 20
 
@@ -34,13 +34,13 @@ def load_tp_btf(bpf: Any, fn_name: str, tracepoint: str) -> int:
     find = lib.libbpf_find_vmlinux_btf_id
     find.argtypes = [ct.c_char_p, ct.c_int]
     find.restype = ct.c_int
-    btf_id = find(tracepoint.encode(), bpfsys.TRACE_RAW_TP)
+    btf_id = find(tracepoint.encode(), syscalls.TRACE_RAW_TP)
     if btf_id <= 0:
         raise BpfError(f"tracepoint {tracepoint} not in the kernel's BTF "
                        "(needs CONFIG_DEBUG_INFO_BTF)")
     log = ct.create_string_buffer(_LOG_SIZE)
     try:
-        return bpfsys.prog_load_tracing(ct.cast(start, ct.c_void_p).value or 0, size, name,
+        return syscalls.prog_load_tracing(ct.cast(start, ct.c_void_p).value or 0, size, name,
                                         btf_id, log)
     except OSError as exc:
         tail = log.value.decode(errors="replace").strip().splitlines()[-12:]
