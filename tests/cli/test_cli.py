@@ -1,7 +1,11 @@
-"""Bad input: one clear line on stderr and exit status 2, before any BPF."""
+"""The command line: bad input gives one clear line on stderr and exit
+status 2, before any BPF; the parser has every command of the registry;
+--mode lists every profile kind; messages of symbolize and query."""
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
 import shutil
 import subprocess
@@ -9,6 +13,10 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from ember import model
+from ember.cli import COMMANDS, build_parser
+from ember.httpserve import Reply, serve
 
 EMBER = [sys.executable, "-m", "ember.cli"]
 
@@ -65,3 +73,87 @@ def test_unreadable_output_directory(tmp_path: Path) -> None:
 def test_help_lists_record() -> None:
     r = run("--help")
     assert r.returncode == 0 and "record" in r.stdout
+
+
+def subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    [sub] = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return dict(sub.choices)
+
+
+def test_parser_has_every_command_of_the_registry() -> None:
+    parsers = subcommands(build_parser())
+    assert list(parsers) == [c.name for c in COMMANDS]
+    assert len(set(parsers)) == len(COMMANDS)
+    for command in COMMANDS:
+        assert parsers[command.name].get_default("run") is command.run
+    r = run("--help")
+    assert all(c.name in r.stdout and c.help in " ".join(r.stdout.split()) for c in COMMANDS)
+
+
+def test_record_help_lists_every_profile_kind() -> None:
+    r = run("record", "--help")
+    assert r.returncode == 0, r.stderr
+    text = " ".join(r.stdout.split())  # argparse wraps lines
+    assert "{" + ",".join(model.KIND_NAMES) + "}" in text
+    for kind in model.PROFILE_KINDS:
+        assert f"{kind.name}: {kind.help}" in text
+    assert f"(default {model.CPU.name})" in text
+    mode = subcommands(build_parser())["record"].parse_args([])
+    assert mode.mode == model.CPU.name
+
+
+def test_help_imports_no_heavy_module() -> None:
+    code = ("import sys\nfrom ember.cli import main\ntry:\n    main(['record', '--help'])\n"
+            "except SystemExit:\n    pass\n"
+            "print(' '.join(m for m in ('grpc', 'bcc', 'numpy', 'yaml', 'prometheus_client', "
+            "'ember.record', 'ember.httpserve') if m in sys.modules))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[-1] == ""
+
+
+def test_symbolize_checks_the_process_before_reading_stdin() -> None:
+    # stdin stays open: a command that read it first would wait forever
+    p = subprocess.Popen([*EMBER, "symbolize", "--pid", "999999999"], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        status = p.wait(timeout=60)
+    finally:
+        p.kill()
+        out, err = p.communicate()
+    assert status == 2 and out == ""
+    assert err == ("ember symbolize: no process with PID 999999999 "
+                   "(or its maps are not readable)\n")
+    r = run("symbolize", "--pid", str(os.getpid()), "10", "zz")
+    assert r.returncode == 2 and r.stderr == "ember symbolize: not a hex address: 'zz'\n"
+
+
+def answer(path: str, query: dict[str, list[str]], auth: str) -> Reply:
+    if query.get("since") == ["1h"] and query.get("match") == ["pid=7"] and auth == "Bearer t":
+        return 200, b"app;main 5\n", "text/plain"
+    return 400, json.dumps({"error": f"bad query {sorted(query.items())}"}).encode(), \
+        "application/json"
+
+
+def test_query_output_and_messages(tmp_path: Path) -> None:
+    server = serve("127.0.0.1:0", answer, "test")
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    token = tmp_path / "token"
+    token.write_text("t\n")
+    try:
+        r = run("query", "--collector", url + "/", "--match", "pid=7", "--token-file", str(token),
+                "-o", str(tmp_path / "out.folded"))
+        assert r.returncode == 0 and r.stderr == "", r.stderr
+        assert (tmp_path / "out.folded").read_text() == "app;main 5\n"
+        r = run("query", "--collector", url, "--since", "2h")
+        assert r.returncode == 1 and r.stderr.startswith("ember query: collector answered 400: "
+                                                         "bad query [('format', ['folded'])")
+    finally:
+        server.shutdown()
+        server.server_close()
+    r = run("query", "--collector", url)
+    assert r.returncode == 1 and r.stderr.startswith(f"ember query: cannot reach {url}: ")
+    r = run("query", "--collector", url, "--match", "pid")
+    assert r.returncode == 2 and r.stderr == "ember query: --match must be LABEL=VALUE, not 'pid'\n"
+    r = run("query", "--collector", url, "--token-file", str(tmp_path / "none"))
+    assert r.returncode == 2 and "cannot read token file" in r.stderr

@@ -1,0 +1,133 @@
+"""What the subcommands share: the shape of a command, argument types that
+fail as one line, the output path check and atomic write, and the signal
+events that stop (and reload) long-running commands.
+
+Kept free of heavy imports: every command module imports it to build the
+parser, and ``ember --help`` must start fast."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+
+from ..errors import OutputError
+
+log = logging.getLogger("ember")
+
+
+@dataclass(frozen=True)
+class Command:
+    """One subcommand: how ``--help`` shows it, its arguments, and what it
+    does. ``run`` returns the exit status; it raises ember's errors, which
+    ``main`` turns into a message and a status."""
+
+    name: str
+    help: str
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int]
+    description: str | None = None
+
+
+def no_arguments(_parser: argparse.ArgumentParser) -> None:
+    """For commands that take none."""
+
+
+def int_arg(text: str) -> int:
+    """An integer in any base Python reads (``0x1f``, ``0o7``, ``42``)."""
+    try:
+        value = int(text, 0)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    return value
+
+
+def float_arg(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+
+
+def check_output(path: str | None) -> None:
+    """Fail before profiling, not after, when the output cannot be written."""
+    if path is None:
+        return
+    p = Path(path)
+    try:
+        if p.is_dir():
+            raise OutputError(f"cannot write {path}: it is a directory")
+        if p.exists() and not p.is_file():  # a device or FIFO: written in place
+            if not os.access(p, os.W_OK):
+                raise OutputError(f"cannot write {path}: permission denied")
+            return
+        parent = p.parent
+        if not parent.is_dir():
+            raise OutputError(f"cannot write {path}: directory {parent} does not exist")
+        if (p.exists() and not os.access(p, os.W_OK)) or not os.access(parent, os.W_OK):
+            raise OutputError(f"cannot write {path}: permission denied")
+    except OSError as exc:
+        raise OutputError(f"cannot write {path}: {exc.strerror}") from exc
+
+
+def write(path: str | None, data: bytes) -> None:
+    """Write the output: regular files atomically (temporary file + rename),
+    so a reader never sees half a profile; devices and FIFOs in place;
+    standard output when there is no path."""
+    if path is None:
+        sys.stdout.buffer.write(data)
+        sys.stdout.flush()
+        return
+    p = Path(path)
+    try:
+        if p.exists() and not p.is_file():
+            with open(p, "wb") as f:
+                f.write(data)
+            return
+        tmp = p.with_name(f".{p.name}.tmp{os.getpid()}")
+        try:
+            tmp.write_bytes(data)
+            tmp.replace(p)
+        finally:
+            tmp.unlink(missing_ok=True)
+    except OSError as exc:
+        raise OutputError(f"cannot write {path}: {exc.strerror}") from exc
+
+
+def write_graph(path: str | None, svg_text: str, title: str) -> None:
+    """A flame graph: an HTML page around the SVG when the path ends in
+    .html or .htm, the SVG itself otherwise."""
+    from ..flamegraph.svg import to_html
+
+    if path is not None:
+        check_output(path)
+    data = to_html(svg_text, title) if path and path.endswith((".html", ".htm")) else svg_text
+    write(path, data.encode())
+
+
+def stop_event() -> threading.Event:
+    """An event SIGINT and SIGTERM set, so a command can finish its work
+    (detach, write the profile) instead of dying mid-way."""
+    stop = threading.Event()
+
+    def on_stop(signum: int, _frame: FrameType | None) -> None:
+        log.info("stopping (%s)", signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGINT, on_stop)
+    signal.signal(signal.SIGTERM, on_stop)
+    return stop
+
+
+def stop_and_reload_events() -> tuple[threading.Event, threading.Event]:
+    """For daemons: SIGINT/SIGTERM set stop; SIGHUP sets reload."""
+    stop, reload = stop_event(), threading.Event()
+    signal.signal(signal.SIGHUP, lambda *_: reload.set())
+    return stop, reload
