@@ -37,7 +37,7 @@ def get(c: Collector, path: str, auth: str = "", **q: str | list[str]) -> tuple[
 
 
 def get_json(c: Collector, path: str, **q: str | list[str]) -> tuple[int, object]:
-    code, body, ctype = get(c, path, **q)
+    code, body, ctype = get(c, path, "", **q)
     assert ctype == "application/json"
     return code, json.loads(body)
 

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from ember.flamegraph.graphs import Stacks, diff_graph, graph, hotcold_graph, stacks_of
+from ember.flamegraph.graphs import diff_graph, graph, hotcold_graph
+from ember.flamegraph.inputs import Stacks, stacks_of
 from ember.model import KERNEL_MAPPING, Frame, FrameKind, Mapping, Sample, cpu_type
 from tests.support.profiles import offcpu_profile
 

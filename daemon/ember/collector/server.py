@@ -36,7 +36,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from ..config import CollectorConfig, parse_duration, read_token
 from ..errors import ConfigError
 from ..flamegraph import graphs as flame
-from ..flamegraph.graphs import Stacks, stacks_of
+from ..flamegraph.inputs import Stacks, stacks_of
 from ..httpserve import Reply, serve
 from ..metrics import CollectorMetrics
 from ..proto import profilestore_pb2 as ps
