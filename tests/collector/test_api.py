@@ -81,6 +81,8 @@ def test_profile_defaults_to_cpu_folded(collector: Collector) -> None:
     assert code == 200 and isinstance(tree, dict)
     assert sorted(tree) == ["profiles", "sample_types", "timeline", "tree", "unit"]
     assert tree["unit"] == "microseconds" and tree["profiles"] == 1
+    code, tree = get_json(collector, "/api/v1/profile", format="json")
+    assert isinstance(tree, dict) and tree["unit"] == "count"  # on-CPU: samples, unscaled
     assert get(collector, "/api/v1/profile", format="pprof")[2] == "application/octet-stream"
 
 
