@@ -10,8 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from ember.collector.api import Api
 from ember.collector.query import TYPE_ALIASES
 from ember.collector.server import Collector
+from ember.collector.store import Store
 from ember.collector.validate import check_request
 from ember.config import CollectorConfig
 from ember.model import PROFILE_KINDS
@@ -146,3 +148,18 @@ def test_labels(collector: Collector) -> None:
         200, {"label": "comm", "values": ["app"]})
     assert get_json(collector, "/api/v1/labels/a%2Fb/values") == (
         200, {"label": "a/b", "values": []})
+    assert get_json(collector, "/api/v1/labels/values") == (
+        200, {"label": "", "values": []})
+
+
+def test_routes_answer_without_a_collector(tmp_path: Path) -> None:
+    api = Api(Store(tmp_path / "db.sqlite"))
+    try:
+        assert sorted(api.routes) == [f"/api/v1/{r}" for r in (
+            "diff", "flamegraph", "labels", "profile", "timeline", "top", "types")]
+        assert api.handle("/api/v1/labels", {}) == (200, b'{"labels": []}', "application/json")
+        code, body, _ = api.handle("/api/v1/top", {})
+        assert (code, json.loads(body)) == (404, {"error": "no profiles match"})
+        assert api.handle("/healthz", {})[0] == 404  # the Collector's, not the API's
+    finally:
+        api.store.close()
