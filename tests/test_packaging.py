@@ -1,23 +1,61 @@
-"""A plain (non-editable) install ships the BPF sources and finds them."""
+"""A plain (non-editable) install ships its non-Python files (the BPF
+sources, the flame graph viewer's script) and finds them."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.support import ROOT
 
 
-def test_wheel_install_finds_bpf_sources(tmp_path: Path) -> None:
-    target = tmp_path / "site"
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The package pip-installed into its own directory (once: installing is
+    the slow part), built from a clean copy of what the build reads: a
+    ``build/`` or ``*.egg-info`` an earlier build left in the tree would ship
+    files pyproject.toml no longer (or never) declared."""
+    base = tmp_path_factory.mktemp("install")
+    src = base / "src"
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, src / name)
+    for name in ("daemon", "bpf"):
+        shutil.copytree(ROOT / name, src / name,
+                        ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    target = base / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
                     "--no-build-isolation",
-                    "--target", str(target), str(ROOT)], check=True, cwd=tmp_path)
+                    "--target", str(target), str(src)], check=True, cwd=base)
+    return target
+
+
+def run_installed(target: Path, code: str, cwd: Path) -> str:
+    return subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
+                          text=True, env={"PYTHONPATH": str(target)}, cwd=cwd).stdout
+
+
+def test_wheel_install_finds_bpf_sources(installed: Path, tmp_path: Path) -> None:
+    target = installed
     shipped = {p.name for p in (target / "ember" / "bpf").iterdir()}
     assert {"ember.h", "common.h", "unwind_fp.h", "oncpu.c", "offcpu.c"} <= shipped
     code = ("import ember.kernel.build as t; d = t.bpf_source_dir(); print(d); "
             "assert 'ember_sched_switch' in t.flatten_source('offcpu.c')")
-    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True,
-                         env={"PYTHONPATH": str(target)}, cwd=tmp_path).stdout
+    out = run_installed(target, code, tmp_path)
     assert out.strip() == str(target / "ember" / "bpf")
+
+
+def test_wheel_install_ships_the_flamegraph_script(installed: Path, tmp_path: Path) -> None:
+    shipped = installed / "ember" / "flamegraph" / "flamegraph.js"
+    source = ROOT / "daemon" / "ember" / "flamegraph" / "flamegraph.js"
+    assert shipped.read_bytes() == source.read_bytes()
+    code = ("from collections import Counter; import ember.flamegraph.svg as s; "
+            "print(s.__file__); "
+            "out = s.render(s.build_tree(Counter({'a;b': 1})), s.Options()); "
+            "assert 'svg.emberZoom = zoom' in out, out")
+    out = run_installed(installed, code, tmp_path)
+    assert out.strip() == str(installed / "ember" / "flamegraph" / "svg.py")

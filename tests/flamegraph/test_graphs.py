@@ -7,7 +7,8 @@ import sys
 from pathlib import Path
 
 from ember.encode.pprof import encode_pprof
-from ember.flamegraph.graphs import diff, flamegraph, load
+from ember.flamegraph.graphs import diff, flamegraph
+from ember.flamegraph.inputs import load
 from tests.support.profiles import offcpu_profile
 from tests.support.svg import frames
 
@@ -32,17 +33,6 @@ def test_folded_and_pprof_inputs(tmp_path: Path) -> None:
     by = {x["name"]: x for x in f}
     assert "ms" in str(by["[sleeping]"]["title"])  # time shown in ms, not raw ns
     assert by["schedule"]["fill"] != by["main"]["fill"]
-
-
-def test_kind_hints_from_pprof() -> None:
-    from ember.flamegraph.graphs import stacks_of
-    from ember.model import KERNEL_MAPPING, Frame, FrameKind, Mapping, Sample, cpu_type
-
-    jit = Frame("LazyCompile:*handler", FrameKind.USER, Mapping(1, 2, 0, "[anon]"), 1)
-    exe = Frame("main", FrameKind.USER, Mapping(3, 4, 0, "/usr/bin/node"), 3)
-    k = Frame("schedule", FrameKind.KERNEL, KERNEL_MAPPING, 5)
-    s = stacks_of(cpu_type(99), [Sample((exe, jit, k), (1, 10), 1, 1, "node")])
-    assert s.kinds == {"main": "user", "LazyCompile:*handler": "jit", "schedule": "kernel"}
 
 
 def test_cli_outputs_and_errors(tmp_path: Path) -> None:

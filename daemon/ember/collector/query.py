@@ -10,16 +10,15 @@ from typing import Any
 
 from ..encode.folded import encode_folded, fold
 from ..encode.pprof import decode_pprof, encode_pprof, from_proto
-from ..model import Profile, ProfileType, Sample, merge_samples
+from ..model import CPU, PROFILE_KINDS, Profile, ProfileType, Sample, merge_samples
 from .store import Row
 
-#: Friendly names for ember's own profile types.
-TYPE_ALIASES = {"cpu": "ember_cpu:cpu:nanoseconds:cpu:nanoseconds",
-                "offcpu": "ember_offcpu:off_cpu:nanoseconds:off_cpu:nanoseconds",
-                "runqlat": "ember_runqlat:runqueue:nanoseconds:runqueue:nanoseconds",
-                "wakeup": "ember_wakeup:blocked:nanoseconds:blocked:nanoseconds",
-                "offwake": "ember_offwake:off_cpu:nanoseconds:off_cpu:nanoseconds"}
+#: Friendly names for ember's own profile types (type=cpu, ...): one per
+#: profile kind, so a new kind is queryable by name without touching this.
+TYPE_ALIASES = {k.name: k.stored_type for k in PROFILE_KINDS}
 FORMATS = ("folded", "pprof", "json")
+#: The main value of on-CPU profiles: time, but sampled, so folded shows it as is.
+_ONCPU_VALUE = CPU.sample_types[-1]
 
 
 @dataclass(frozen=True)
@@ -46,8 +45,8 @@ def merge(rows: Iterable[Row], start_ns: int, end_ns: int) -> Merged | None:
     if ptype is None:
         return None
     # folded: time profiles other than on-CPU in microseconds (as ember record writes them)
-    scale = 1000 if ptype.sample_types[-1][1] == "nanoseconds" and \
-        ptype.sample_types[-1][0] != "cpu" else 1
+    last = ptype.sample_types[-1]
+    scale = 1000 if last[1] == "nanoseconds" and last != _ONCPU_VALUE else 1
     ptype = ProfileType(ptype.name, ptype.sample_types, ptype.period_type, ptype.period,
                         folded_index=0 if scale == 1 else len(ptype.sample_types) - 1,
                         folded_scale=scale)
