@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import re
 import sys
-import urllib.error
 import urllib.parse
-import urllib.request
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -24,7 +22,8 @@ from pathlib import Path
 from .. import abi
 from ..encode.folded import fold, parse_folded
 from ..encode.pprof import decode_pprof, from_proto
-from ..errors import UsageError
+from ..errors import EmberError, UsageError
+from ..httpserve import fetch
 from ..model import Frame, FrameKind, Profile, ProfileType, Sample, merge_samples
 from . import svg
 
@@ -56,10 +55,9 @@ def _read(source: str) -> bytes:
         q["format"] = ["pprof"]
         full = url._replace(query=urllib.parse.urlencode(q, doseq=True)).geturl()
         try:
-            with urllib.request.urlopen(full, timeout=60) as r:
-                return bytes(r.read())
-        except (urllib.error.URLError, OSError) as exc:
-            raise UsageError(f"cannot fetch {source}: {getattr(exc, 'reason', exc)}") from None
+            return fetch(full)
+        except EmberError as exc:
+            raise UsageError(f"cannot fetch {source}: {exc}") from None
     try:
         return Path(source).read_bytes()
     except OSError as exc:
