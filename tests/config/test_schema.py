@@ -1,8 +1,11 @@
-"""Facts kept on the keys: sections come from field types, defaults from the
-dataclasses."""
+"""Facts kept on the keys: sections come from field types, SIGHUP-reloadable
+keys are marked on the key."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+from ember import config
 from ember.config.options import keys_of
 from ember.config.schema import (
     AgentConfig,
@@ -10,7 +13,14 @@ from ember.config.schema import (
     Config,
     KubernetesConfig,
     Targets,
+    fixed_changes,
+    reloadable_keys,
 )
+
+#: What the agent's SIGHUP applied before the flag lived on the keys.
+RELOADABLE = {"collector", "interval", "targets", "target_refresh", "include_self", "min_block",
+              "max_block", "send_timeout", "max_backoff", "token_file", "tls_ca", "labels",
+              "relabel", "otlp_endpoint", "otlp_token_file", "otlp_tls_ca"}
 
 
 def test_sections_come_from_field_types() -> None:
@@ -25,4 +35,29 @@ def test_sections_come_from_field_types() -> None:
 
 def test_keys_carry_their_defaults() -> None:
     assert {k.name: k.default for k in keys_of(AgentConfig)} == vars(AgentConfig())
+
+
+def test_reloadable_keys() -> None:
+    assert reloadable_keys() == RELOADABLE
+    assert config.reloadable_keys is reloadable_keys
+    for cls in (Config, CollectorConfig, KubernetesConfig, Targets):
+        assert not any(k.option.reloadable for k in keys_of(cls)), cls
+
+
+def test_fixed_changes_name_what_needs_a_restart_in_file_order() -> None:
+    old = AgentConfig()
+    assert fixed_changes(old, old) == []
+    reloadable = replace(old, interval=2.0, targets=Targets(pids=(1,)), labels=(("a", "b"),))
+    assert fixed_changes(old, reloadable) == []
+    both = replace(reloadable, memory_limit=64 << 20, frequency=99, runqlat=True)
+    assert fixed_changes(old, both) == ["frequency", "runqlat", "memory_limit"]
+    assert fixed_changes(both, old) == ["frequency", "runqlat", "memory_limit"]
+
+
+def test_reference_marks_reloadable_keys() -> None:
+    rows = [line for line in config.reference().splitlines() if line.startswith("| `agent.")]
+    marked = {line.split("`")[1].removeprefix("agent.") for line in rows
+              if line.endswith("Reloaded on SIGHUP. |")}
+    assert marked == RELOADABLE - {"targets"}
+    assert "profiled. Filtering happens in the kernel. Reloaded on SIGHUP." in config.reference()
 

@@ -23,11 +23,14 @@ from .schema import (
     KubernetesConfig,
     Rule,
     Targets,
+    fixed_changes,
+    reloadable_keys,
 )
 from .units import parse_duration, parse_hostport, parse_size
 
 __all__ = [
     "EXPORTERS", "PROFILE_TYPES", "RELABEL_ACTIONS", "AgentConfig", "CollectorConfig", "Config",
-    "KubernetesConfig", "Rule", "Targets", "load", "loads", "override", "parse_duration",
-    "parse_hostport", "parse_size", "read_token", "reference",
+    "KubernetesConfig", "Rule", "Targets", "fixed_changes", "load", "loads", "override",
+    "parse_duration", "parse_hostport", "parse_size", "read_token", "reference",
+    "reloadable_keys",
 ]

@@ -1,6 +1,6 @@
 """What ember knows about one config key, kept on the key: its documentation,
 its kind (how a YAML value becomes a typed one, see ``kinds``), its range or
-choices. A key whose type is itself a
+choices, and whether SIGHUP may change it. A key whose type is itself a
 dataclass is a section, a nested mapping: the type says so, not a table."""
 
 from __future__ import annotations
@@ -21,17 +21,18 @@ class Option:
     lo: float | None = None         # bounds of the value (ranged kinds) or its items
     hi: float | None = None
     choices: tuple[str, ...] = ()   # what a list of names may hold
+    reloadable: bool = False        # SIGHUP applies it; otherwise it needs a restart
 
 
 def opt(doc: str, kind: str, lo: float | None = None, hi: float | None = None,
-        choices: tuple[str, ...] = ()) -> Mapping[str, Option]:
+        choices: tuple[str, ...] = (), *, reloadable: bool = False) -> Mapping[str, Option]:
     """The metadata of a dataclass field that is a config key."""
-    return {OPTION: Option(doc, kind, lo, hi, choices)}
+    return {OPTION: Option(doc, kind, lo, hi, choices, reloadable)}
 
 
-def section(doc: str) -> Mapping[str, Option]:
+def section(doc: str, *, reloadable: bool = False) -> Mapping[str, Option]:
     """The metadata of a field holding a nested section (a dataclass)."""
-    return {OPTION: Option(doc, "section")}
+    return {OPTION: Option(doc, "section", reloadable=reloadable)}
 
 
 @dataclass(frozen=True)

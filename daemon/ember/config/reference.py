@@ -16,6 +16,7 @@ _PREAMBLE = [
     "`tests/config/test_config.py` fails when this file is stale.", "",
     "Durations take `us`, `ms`, `s`, `m`, `h`, `d` suffixes; sizes take `KiB`, `MiB`, "
     "`GiB`. Command-line flags override the file.", ""]
+_RELOADABLE = " Reloaded on SIGHUP."
 
 
 def reference() -> str:
@@ -54,4 +55,4 @@ def _meaning(key: Key) -> str:
     rng = ""
     if option.lo is not None or option.hi is not None:
         rng = f" Range: {option.lo} to {option.hi}."
-    return option.doc + rng
+    return option.doc + rng + (_RELOADABLE if option.reloadable else "")

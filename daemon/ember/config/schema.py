@@ -1,6 +1,6 @@
 """ember's configuration schema: every key of the file, with its type, its
-default and the facts about it (documentation, kind, range), as frozen
-dataclasses. Loading (``load``) and the reference
+default and the facts about it (documentation, kind, range, whether SIGHUP
+may change it), as frozen dataclasses. Loading (``load``) and the reference
 (``reference``) read it; nothing else describes a key.
 
 The file has two sections, ``agent`` and ``collector``; each role reads its
@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from .options import opt, section
+from .options import keys_of, opt, section
 
 PROFILE_TYPES = ("cpu", "offcpu", "runqlat", "wakeup", "offwake")
 EXPORTERS = ("writeraw", "otlp")
@@ -86,9 +86,11 @@ class KubernetesConfig:
 @dataclass(frozen=True)
 class AgentConfig:
     collector: str = field(default="127.0.0.1:7070", metadata=opt(
-        "gRPC address of the collector (ember collector, or a Parca server).", "hostport"))
+        "gRPC address of the collector (ember collector, or a Parca server).", "hostport",
+        reloadable=True))
     interval: float = field(default=10.0, metadata=opt(
-        "How often the kernel maps are drained and profiles shipped.", "duration", 1, 3600))
+        "How often the kernel maps are drained and profiles shipped.", "duration", 1, 3600,
+        reloadable=True))
     frequency: int = field(default=19, metadata=opt(
         "On-CPU samples per second per CPU.", "int", 1, 10000))
     cpu: bool = field(default=True, metadata=opt("Collect on-CPU profiles.", "bool"))
@@ -120,9 +122,10 @@ class AgentConfig:
         "walked at every switch; time split at the wakeup, scheduler frames kept).",
         "duration", 0, 4))
     min_block: float = field(default=0.000001, metadata=opt(
-        "Off-CPU: ignore blocks shorter than this.", "duration", 0, 3600))
+        "Off-CPU: ignore blocks shorter than this.", "duration", 0, 3600, reloadable=True))
     max_block: float = field(default=0.0, metadata=opt(
-        "Off-CPU: ignore blocks longer than this (0: no limit).", "duration", 0, 86400 * 365))
+        "Off-CPU: ignore blocks longer than this (0: no limit).", "duration", 0, 86400 * 365,
+        reloadable=True))
     offcpu_sys_exit: bool = field(default=False, metadata=opt(
         "Off-CPU: also take sampled blocks' user stacks at system call exit. Needed for "
         "programs that do not register rseq (Go, musl, glibc before 2.35), whose user "
@@ -133,7 +136,7 @@ class AgentConfig:
     relabel: tuple[Rule, ...] = field(default=(), metadata=opt(
         "Prometheus-style relabeling of each profile's labels (source_labels, separator, "
         f"regex, target_label, replacement, action: {', '.join(RELABEL_ACTIONS)}), applied "
-        "in order before shipping.", "relabel"))
+        "in order before shipping.", "relabel", reloadable=True))
     debug_dirs: tuple[str, ...] = field(default=("/usr/lib/debug",), metadata=opt(
         "Where separate debug files are looked up, by build id (.build-id/xx/rest.debug) "
         "and by .gnu_debuglink name (CRC checked), in this order.", "str_list"))
@@ -159,12 +162,12 @@ class AgentConfig:
         "reports what the kernel charged).", "size", 8 << 20, 4 << 30))
     targets: Targets = field(default_factory=Targets, metadata=section(
         "What to profile; empty means the whole host. A process matching any rule is "
-        "profiled. Filtering happens in the kernel."))
+        "profiled. Filtering happens in the kernel.", reloadable=True))
     target_refresh: float = field(default=2.0, metadata=opt(
         "How often comm/exe/cgroup rules are re-evaluated against running processes.",
-        "duration", 0.1, 3600))
+        "duration", 0.1, 3600, reloadable=True))
     include_self: bool = field(default=False, metadata=opt(
-        "Profile the agent itself too.", "bool"))
+        "Profile the agent itself too.", "bool", reloadable=True))
     metrics_listen: str = field(default="127.0.0.1:7071", metadata=opt(
         "HTTP address for /metrics, /healthz and /readyz.", "hostport"))
     spool_dir: str = field(default="/var/lib/ember/spool", metadata=opt(
@@ -173,27 +176,32 @@ class AgentConfig:
         "Spool size limit; past it the oldest profiles are dropped (and counted).", "size",
         1 << 20))
     send_timeout: float = field(default=10.0, metadata=opt(
-        "Deadline of one WriteRaw call.", "duration", 0.1, 600))
+        "Deadline of one WriteRaw call.", "duration", 0.1, 600, reloadable=True))
     max_backoff: float = field(default=60.0, metadata=opt(
-        "Upper bound of the exponential backoff between re-sends.", "duration", 0.1, 3600))
+        "Upper bound of the exponential backoff between re-sends.", "duration", 0.1, 3600,
+        reloadable=True))
     token_file: str = field(default="", metadata=opt(
-        "File holding a bearer token sent to the collector (empty: none).", "path"))
+        "File holding a bearer token sent to the collector (empty: none).", "path",
+        reloadable=True))
     exporters: tuple[str, ...] = field(default=("writeraw",), metadata=opt(
         "Where profiles go: writeraw (Parca's WriteRaw: ember collector or Parca, at "
         "collector) and/or otlp (OTLP profiles: an OpenTelemetry Collector, Grafana "
         "Pyroscope, at otlp_endpoint). Each has its own spool and retries.", "type_list",
         choices=EXPORTERS))
     otlp_endpoint: str = field(default="127.0.0.1:4317", metadata=opt(
-        "gRPC address of the OTLP endpoint (ProfilesService/Export).", "hostport"))
+        "gRPC address of the OTLP endpoint (ProfilesService/Export).", "hostport", reloadable=True))
     otlp_token_file: str = field(default="", metadata=opt(
-        "File holding a bearer token for the OTLP endpoint (empty: none).", "path"))
+        "File holding a bearer token for the OTLP endpoint (empty: none).", "path",
+        reloadable=True))
     otlp_tls_ca: str = field(default="", metadata=opt(
-        "CA certificate (PEM) to verify the OTLP endpoint; set it to use TLS.", "path"))
+        "CA certificate (PEM) to verify the OTLP endpoint; set it to use TLS.", "path",
+        reloadable=True))
     tls_ca: str = field(default="", metadata=opt(
-        "CA certificate (PEM) to verify the collector; set it to use TLS.", "path"))
+        "CA certificate (PEM) to verify the collector; set it to use TLS.", "path",
+        reloadable=True))
     labels: tuple[tuple[str, str], ...] = field(default=(), metadata=opt(
         "Extra labels on every profile (a mapping of Prometheus label names to values).",
-        "labels"))
+        "labels", reloadable=True))
 
 
 @dataclass(frozen=True)
@@ -226,7 +234,20 @@ class CollectorConfig:
 @dataclass(frozen=True)
 class Config:
     agent: AgentConfig = field(default_factory=AgentConfig, metadata=section(
-        "The agent (ember agent)."))
+        "The agent (ember agent). On SIGHUP it reads the file again and applies the keys "
+        "marked *Reloaded on SIGHUP*; a change to any other key is logged and waits for a "
+        "restart."))
     collector: CollectorConfig = field(default_factory=CollectorConfig, metadata=section(
         "The collector (ember collector)."))
 
+
+def reloadable_keys() -> frozenset[str]:
+    """The agent keys SIGHUP applies; a change to any other needs a restart."""
+    return frozenset(k.name for k in keys_of(AgentConfig) if k.option.reloadable)
+
+
+def fixed_changes(old: AgentConfig, new: AgentConfig) -> list[str]:
+    """The agent keys that differ from old to new but only a restart applies,
+    in the order of the file."""
+    return [k.name for k in keys_of(AgentConfig)
+            if not k.option.reloadable and getattr(old, k.name) != getattr(new, k.name)]
