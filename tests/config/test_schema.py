@@ -1,11 +1,12 @@
 """Facts kept on the keys: sections come from field types, SIGHUP-reloadable
-keys are marked on the key."""
+keys are marked on the key, and the profile kinds come from the registry."""
 
 from __future__ import annotations
 
+import typing
 from dataclasses import replace
 
-from ember import config
+from ember import config, model
 from ember.config.options import keys_of
 from ember.config.schema import (
     AgentConfig,
@@ -61,3 +62,27 @@ def test_reference_marks_reloadable_keys() -> None:
     assert marked == RELOADABLE - {"targets"}
     assert "profiled. Filtering happens in the kernel. Reloaded on SIGHUP." in config.reference()
 
+
+def test_every_profile_kind_has_a_boolean_key() -> None:
+    hints = typing.get_type_hints(AgentConfig)
+    options = {k.name: k.option for k in keys_of(AgentConfig)}
+    for kind in model.PROFILE_KINDS:
+        assert hints.get(kind.name) is bool, kind.name
+        assert options[kind.name].kind == "bool"
+
+
+def test_stack_choices_are_the_profile_kinds() -> None:
+    assert config.PROFILE_TYPES == model.KIND_NAMES
+    options = {k.name: k.option for k in keys_of(AgentConfig)}
+    for name in ("kernel_stacks", "user_stacks"):
+        assert options[name].choices == model.KIND_NAMES
+    assert ", ".join(model.KIND_NAMES) in options["kernel_stacks"].doc
+
+
+def test_enabled_kinds_in_registry_order() -> None:
+    assert AgentConfig().enabled_kinds() == (model.CPU, model.OFFCPU)
+    none = replace(AgentConfig(), cpu=False, offcpu=False)
+    assert none.enabled_kinds() == ()
+    every = config.loads("agent:\n  offwake: true\n  wakeup: true\n  runqlat: true\n").agent
+    assert every.enabled_kinds() == model.PROFILE_KINDS
+    assert replace(none, offwake=True, cpu=True).enabled_kinds() == (model.CPU, model.OFFWAKE)

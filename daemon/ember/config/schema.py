@@ -12,9 +12,11 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from ..model import KIND_NAMES, PROFILE_KINDS, ProfileKind
 from .options import keys_of, opt, section
 
-PROFILE_TYPES = ("cpu", "offcpu", "runqlat", "wakeup", "offwake")
+#: What agent.kernel_stacks and agent.user_stacks choose from: the profile kinds.
+PROFILE_TYPES = KIND_NAMES
 EXPORTERS = ("writeraw", "otlp")
 RELABEL_ACTIONS = ("replace", "keep", "drop", "labelmap", "labeldrop", "labelkeep")
 
@@ -108,7 +110,7 @@ class AgentConfig:
         "Collect off-wake profiles: blocked stacks joined with their wakers' stacks.", "bool"))
     kernel_stacks: tuple[str, ...] = field(default=PROFILE_TYPES, metadata=opt(
         "Profile types that record kernel stacks: true (all), false (none) or a list of "
-        "cpu, offcpu, runqlat, wakeup, offwake. Run-queue, wakeup and off-wake profiles "
+        f"{', '.join(KIND_NAMES)}. Run-queue, wakeup and off-wake profiles "
         "come from one program: a stack kind one of them records, all three record.",
         "type_list", choices=PROFILE_TYPES))
     user_stacks: tuple[str, ...] = field(default=PROFILE_TYPES, metadata=opt(
@@ -202,6 +204,10 @@ class AgentConfig:
     labels: tuple[tuple[str, str], ...] = field(default=(), metadata=opt(
         "Extra labels on every profile (a mapping of Prometheus label names to values).",
         "labels", reloadable=True))
+
+    def enabled_kinds(self) -> tuple[ProfileKind, ...]:
+        """The profile kinds whose key (cpu, offcpu, ...) is true, in registry order."""
+        return tuple(kind for kind in PROFILE_KINDS if getattr(self, kind.name))
 
 
 @dataclass(frozen=True)
