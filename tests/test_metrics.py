@@ -21,7 +21,7 @@ def test_docs_name_only_real_metrics() -> None:
         for name in re.findall(r"\b(ember_[a-z_]+?)(?:\{|\b)", text):
             if name.startswith(("ember_process", "ember_stacks_", "ember_counts",
                                 "ember_config", "ember_starts", "ember_wakes", "ember_pids",
-                                "ember_targets", "ember_cgroups", "ember_blocks",
+                                "ember_targets", "ember_cgroups", "ember_blocks", "ember_new_pids",
                                 "ember_tstacks", "ember_stats", "ember_runq_hist",
                                 "ember_cpu", "ember_offcpu", "ember_runqlat", "ember_wakeup",
                                 "ember_offwake", "ember_sampled", "ember_sched",

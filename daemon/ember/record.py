@@ -29,7 +29,7 @@ from .model import (
     profile_kind,
 )
 from .session import Session, SessionOptions
-from .symbols.debuginfo import DEFAULT_DEBUG_DIRS
+from .symbols import DEFAULT_DEBUG_DIRS
 from .symbols.objects import ObjectCache
 from .symbols.procmaps import ProcessTable, ProcFS
 from .symbols.symbolizer import Symbolizer

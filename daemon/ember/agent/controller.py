@@ -27,7 +27,6 @@ from ..export.exporter import Exporter, endpoint, exporters
 from ..export.spool import Spool
 from ..httpserve import Reply, serve
 from ..metrics import AgentMetrics, BpfStatsCollector
-from ..model import PROFILE_KINDS
 from ..session import Session, SessionOptions
 from ..symbols.diskcache import DiskSymbolCache
 from ..symbols.objects import ObjectCache
@@ -45,16 +44,12 @@ log = logging.getLogger(__name__)
 #: The controller's loop: SIGHUP, target rules and drains are checked this
 #: often (new processes are the session's watcher thread's, at once).
 LOOP_INTERVAL = 0.5
-#: Keys SIGHUP can change; the rest need a restart (they change what is attached).
-RELOADABLE = {"collector", "interval", "targets", "target_refresh", "include_self", "min_block",
-              "max_block", "send_timeout", "max_backoff", "token_file",
-              "tls_ca", "labels", "relabel", "otlp_endpoint", "otlp_token_file", "otlp_tls_ca"}
 
 
 def session_options(cfg: config.AgentConfig) -> SessionOptions:
     """What the agent's configuration asks the BPF programs for."""
     return SessionOptions(
-        kinds=tuple(k for k in PROFILE_KINDS if getattr(cfg, k.name)),
+        kinds=cfg.enabled_kinds(),
         frequency=cfg.frequency, user_stacks=frozenset(cfg.user_stacks),
         kernel_stacks=frozenset(cfg.kernel_stacks), min_block_ns=int(cfg.min_block * 1e9),
         max_block_ns=int(cfg.max_block * 1e9), sample_ns=int(cfg.offcpu_sample * 1e9),
@@ -199,8 +194,7 @@ class Agent:
             log.error("SIGHUP: keeping the running configuration: %s", exc)
             self.metrics.errors.labels(exc.label).inc()
             return
-        fixed = [f for f in new.__dataclass_fields__
-                 if f not in RELOADABLE and getattr(new, f) != getattr(self.cfg, f)]
+        fixed = config.fixed_changes(self.cfg, new)
         if fixed:
             log.warning("SIGHUP: %s changed but need a restart; kept as they were",
                         ", ".join(fixed))

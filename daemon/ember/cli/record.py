@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from .. import model
 from ..errors import UsageError
+from ..symbols import DEFAULT_DEBUG_DIRS
 from ._common import Command, check_output, float_arg, int_arg, stop_event, write
 
 if TYPE_CHECKING:
@@ -53,7 +54,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "Location")
     p.add_argument("--debug-dir", action="append", default=None,
                    help="where separate debug files are (repeatable; default "
-                        "/usr/lib/debug)")
+                        f"{', '.join(DEFAULT_DEBUG_DIRS)})")
 
 
 def _add_offcpu_arguments(p: argparse.ArgumentParser) -> None:
@@ -79,7 +80,6 @@ def run(args: argparse.Namespace) -> int:
     from ..encode.folded import encode_folded
     from ..encode.pprof import encode_pprof
     from ..record import Recorder, RecordOptions
-    from ..symbols.debuginfo import DEFAULT_DEBUG_DIRS
 
     options = RecordOptions(
         mode=args.mode, pids=tuple(args.pid), duration=args.duration, frequency=args.frequency,

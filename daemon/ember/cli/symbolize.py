@@ -8,6 +8,7 @@ import sys
 from collections.abc import Iterator
 
 from ..errors import UsageError
+from ..symbols import DEFAULT_DEBUG_DIRS
 from ._common import Command, int_arg
 
 
@@ -15,7 +16,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pid", type=int_arg, required=True)
     p.add_argument("addresses", nargs="*", metavar="ADDR")
     p.add_argument("--debug-dir", action="append", default=None,
-                   help="where separate debug files live (default /usr/lib/debug; repeatable)")
+                   help=f"where separate debug files live (default "
+                        f"{', '.join(DEFAULT_DEBUG_DIRS)}; repeatable)")
     p.add_argument("--lines", action="store_true",
                    help="after each address, its source lines from DWARF, innermost "
                         "(inlined) function first, one indented line each")
@@ -32,7 +34,6 @@ def addresses(words: list[str]) -> Iterator[int]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..symbols.debuginfo import DEFAULT_DEBUG_DIRS
     from ..symbols.describe import describe
 
     out = describe(args.pid, addresses(args.addresses), args.debug_dir or DEFAULT_DEBUG_DIRS,

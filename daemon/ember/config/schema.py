@@ -12,7 +12,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from ..kernel.programs import DEFAULT_MAP_MEMORY
 from ..model import KIND_NAMES, PROFILE_KINDS, ProfileKind
+from ..symbols import DEFAULT_DEBUG_DIRS
 from .options import keys_of, opt, section
 
 #: What agent.kernel_stacks and agent.user_stacks choose from: the profile kinds.
@@ -139,7 +141,7 @@ class AgentConfig:
         "Prometheus-style relabeling of each profile's labels (source_labels, separator, "
         f"regex, target_label, replacement, action: {', '.join(RELABEL_ACTIONS)}), applied "
         "in order before shipping.", "relabel", reloadable=True))
-    debug_dirs: tuple[str, ...] = field(default=("/usr/lib/debug",), metadata=opt(
+    debug_dirs: tuple[str, ...] = field(default=DEFAULT_DEBUG_DIRS, metadata=opt(
         "Where separate debug files are looked up, by build id (.build-id/xx/rest.debug) "
         "and by .gnu_debuglink name (CRC checked), in this order.", "str_list"))
     lines: bool = field(default=False, metadata=opt(
@@ -158,7 +160,7 @@ class AgentConfig:
         "past 85% the caches shrink, counted in ember_memory_shrinks_total and "
         "ember_memory_released_bytes_total. Give systemd's MemoryMax or the container "
         "limit some headroom above it.", "size", 48 << 20))
-    bpf_map_memory: int = field(default=64 << 20, metadata=opt(
+    bpf_map_memory: int = field(default=DEFAULT_MAP_MEMORY, metadata=opt(
         "Kernel memory for ember's BPF maps, shared by the enabled profile types; the "
         "stack and counts map sizes are derived from it (ember_bpf_map_memory_bytes "
         "reports what the kernel charged).", "size", 8 << 20, 4 << 30))

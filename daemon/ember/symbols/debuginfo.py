@@ -15,11 +15,11 @@ import zlib
 from collections.abc import Sequence
 from pathlib import Path
 
+from . import DEFAULT_DEBUG_DIRS
 from .elf import ElfSymbols
 
 log = logging.getLogger(__name__)
 
-DEFAULT_DEBUG_DIRS = ("/usr/lib/debug",)
 
 
 def crc32_of(path: Path) -> int:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ..errors import UsageError
 from ..model import KERNEL_MAPPING
-from .debuginfo import DEFAULT_DEBUG_DIRS
+from . import DEFAULT_DEBUG_DIRS
 from .demangle import demangle
 from .kallsyms import KernelSymbols
 from .objects import ObjectCache

@@ -21,7 +21,8 @@ from pathlib import Path
 
 from ..cache import BoundedCache
 from ..errors import DwarfError, ElfError
-from .debuginfo import DEFAULT_DEBUG_DIRS, debug_file_for
+from . import DEFAULT_DEBUG_DIRS
+from .debuginfo import debug_file_for
 from .diskcache import CachedSymbols, DiskSymbolCache
 from .dwarf import DwarfLines
 from .elf import ElfSymbols
