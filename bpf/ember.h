@@ -185,6 +185,7 @@ struct ember_wake {
 /* Task-local state of the sampled off-CPU program (offcpu_sampled.c). */
 struct ember_block {
     __u64 ts;               /* switch-out time; 0 while on CPU */
+    __u64 wake_ts;          /* when it was woken (sched_waking); 0: not yet */
     __u64 weight_ns;        /* a chosen block not yet counted: the off-CPU time it
                              * stands for (0: none pending) */
     __u64 weight_count;     /* ... and the number of blocks */

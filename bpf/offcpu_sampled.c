@@ -8,7 +8,8 @@
  * once the duration is known:
  *
  *   switch-out (prev)    time and state into the thread's task storage: cheap
- *   switch-in (next)     d = off-CPU time. Taken with probability
+ *   wakeup               the wakeup time, into the wakee's task storage
+ *   switch-in (next)     d = blocked time, switch-out to wakeup. Taken with probability
  *                        p = min(1, d / sample_ns); a taken block counts for
  *                        d / p nanoseconds and 1 / p blocks, so totals stay
  *                        unbiased while a block of 2 us costs 1/500 of a stack
@@ -26,8 +27,11 @@
  *                        and its user registers are still those of the
  *                        block), and is otherwise marked late, never guessed.
  *
- * Off-CPU time here runs from switch-out to switch-in (run-queue wait
- * included, as bcc's offcputime counts it); offcpu.c splits it at the wakeup.
+ * Off-CPU time is blocked time: from switch-out to the wakeup (sched_waking
+ * notes its time), as in offcpu.c. The wait for a CPU after the wakeup is
+ * run-queue time, the runqlat profile's; a thread switched out runnable
+ * (preempted) is only timed on request (--state 0), whole, as bcc's
+ * offcputime does.
  *
  * Attached as BTF tracepoints (tp_btf), loaded by daemon/ember/kernel/tp_btf.py: they get
  * the task pointers, which task storage and bpf_get_task_stack need. Kernel
@@ -210,6 +214,7 @@ int ember_sampled_switch(u64 *ctx)
                 b = ember_blocks.task_storage_get(prev, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
             if (b) {
                 b->ts = now;
+                b->wake_ts = 0;
                 b->state = state;
             } else {
                 ember_stat_add(EMBER_STAT_THREADS_FULL, 1);
@@ -220,7 +225,10 @@ int ember_sampled_switch(u64 *ctx)
     struct ember_block *b = ember_blocks.task_storage_get(next, 0, 0);
     if (!b || !b->ts)
         return 0;
-    u64 d = now - b->ts;
+    /* blocked until the wakeup; a thread with no wakeup seen (preempted, or
+     * woken before we knew of it) until now */
+    u64 end = b->wake_ts >= b->ts && b->wake_ts <= now ? b->wake_ts : now;
+    u64 d = end - b->ts;
     b->ts = 0;
     if (d < cfg->min_block_ns) {
         ember_stat_add(EMBER_STAT_BELOW_MIN, 1);
@@ -255,6 +263,18 @@ int ember_sampled_switch(u64 *ctx)
     }
     ember_user_regs(next, &b->user_ip, &b->user_sp);
     b->weight_ns = weight_ns; /* last: marks the block pending */
+    return 0;
+}
+
+/* tp_btf/sched_waking(struct task_struct *p): the waker is current. Note
+ * when a thread we are timing is woken: its blocked time ends here. A few
+ * tens of nanoseconds per wakeup (one task storage lookup). */
+int ember_sampled_waking(u64 *ctx)
+{
+    struct task_struct *p = (struct task_struct *)ctx[0];
+    struct ember_block *b = ember_blocks.task_storage_get(p, 0, 0);
+    if (b && b->ts && !b->wake_ts)
+        b->wake_ts = bpf_ktime_get_ns();
     return 0;
 }
 

@@ -167,6 +167,7 @@ class Block(ct.Structure):
 
     _fields_ = [
         ("ts", ct.c_uint64),
+        ("wake_ts", ct.c_uint64),
         ("weight_ns", ct.c_uint64),
         ("weight_count", ct.c_uint64),
         ("user_ip", ct.c_uint64),

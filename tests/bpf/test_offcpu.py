@@ -81,16 +81,17 @@ def test_runnable_time_kept_apart(fixture_bin) -> None:  # type: ignore[no-untyp
 def test_duration_weighted_sampling_is_unbiased(fixture_bin, sample_us: int) -> None:  # type: ignore[no-untyped-def]
     """Thousands of 20 us sleeps and a few 10 ms ones, about half the time
     each: sampled at 1 ms, a short block is taken with probability ~0.08 and
-    stands for ~12 blocks; the estimates must match what the program measured
-    of itself, as the exact program's do."""
+    stands for ~12 blocks; the estimates must match the blocked time the
+    program measured of itself (wall time less its CPU time and its waits
+    for a CPU), as the exact program's do: both programs time a block from
+    switch-out to wakeup."""
     run = record_short_waits(fixture_bin / "short_waits", sample_us)
     truth_short, truth_long = run.measured_ns["wait_short"], run.measured_ns["wait_long"]
     est_short, est_long = run.estimate("wait_short", 1), run.estimate("wait_long", 1)
     share = 100 * est_short / (est_short + est_long)
     truth_share = 100 * truth_short / (truth_short + truth_long)
     assert abs(share - truth_share) <= 4, (share, truth_share)
-    # off-CPU time is the wall time less the few microseconds on CPU per call
-    assert 0.85 <= est_short / truth_short <= 1.08, (est_short, truth_short)
+    assert 0.9 <= est_short / truth_short <= 1.08, (est_short, truth_short)
     assert 0.92 <= est_long / truth_long <= 1.05, (est_long, truth_long)
     # the number of blocks is estimated as well
     assert 0.9 <= run.estimate("wait_short", 0) / run.measured_blocks["wait_short"] <= 1.1

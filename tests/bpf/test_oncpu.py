@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import threading
@@ -10,28 +11,37 @@ from pathlib import Path
 
 import pytest
 
-from ember.model import Profile
+from ember.model import FrameKind, Profile
 from ember.record import Recorder, RecordOptions
-from tests.support.record import inclusive, record, where
+from tests.support.record import inclusive, record, record_window, where
 
 pytestmark = pytest.mark.bpf
 
-DURATION = 4.0
+DURATION = 6.0
 FREQ = 999
 
 
-def test_function_shares_within_two_points(start_workload) -> None:  # type: ignore[no-untyped-def]
+def test_function_shares_within_sampling_error(start_workload) -> None:  # type: ignore[no-untyped-def]
     w = start_workload("cpu_shares")
-    profile, rec = record(RecordOptions(pids=(w.pid,), duration=DURATION, frequency=FREQ))
+    profile, rec, cpu = record_window(RecordOptions(pids=(w.pid,), frequency=FREQ), w.pid,
+                                      DURATION)
     mine = where(profile, lambda s: s.pid == w.pid)
     assert len(mine) == len(profile.samples), "the PID filter let other processes through"
     total = sum(s.values[0] for s in mine)
-    # one thread at 100% of a CPU: about DURATION * FREQ samples
-    assert 0.85 * DURATION * FREQ <= total <= 1.05 * DURATION * FREQ
+    # One sample per 1/FREQ s of CPU the thread received (the scheduler's
+    # count, whatever else the machine runs). The slack: sqrt-of-count noise,
+    # and the few milliseconds between the window's end and the detach.
+    expected = cpu * FREQ / 1e9
+    assert expected > 0.2 * DURATION * FREQ, "the workload hardly ran"
+    slack = 4 * expected ** 0.5 + 0.02 * FREQ
+    assert expected - slack <= total <= expected + slack, (total, expected)
+    # Shares: a share p of n independent samples has a standard deviation of
+    # 100 * sqrt(p (1 - p) / n) points; allowed: 4 of them (about 2.5 points
+    # at the ~6000 samples of a quiet machine, more when it is busy).
     shares = inclusive(mine, ["work_a", "work_b", "work_c", "spin", "main"], 0)
-    assert abs(shares["work_a"] - 35) <= 2, shares
-    assert abs(shares["work_b"] - 50) <= 2, shares
-    assert abs(shares["work_c"] - 15) <= 2, shares
+    for fn, truth in (("work_a", 35), ("work_b", 50), ("work_c", 15)):
+        sigma = 100 * (truth / 100 * (1 - truth / 100) / total) ** 0.5
+        assert abs(shares[fn] - truth) <= 4 * sigma, (fn, shares, total)
     assert shares["main"] >= 99 and shares["spin"] >= 98, shares
     # cpu/nanoseconds = samples x period
     assert all(s.values[1] == s.values[0] * profile.type.period for s in mine)
@@ -101,8 +111,10 @@ def test_node_jit_frames_named_through_perf_map(tmp_path: Path) -> None:
         "{ x = (x * 1103515245 + 12345) & 0x7fffffff; } return x; }\n"
         "let s = 0; const end = Date.now() + 15000; console.log('ready ' + process.pid);\n"
         "while (Date.now() < end) { s += hotLoop(100000); }\n")
-    node = subprocess.Popen(["node", "--perf-basic-prof", str(script)], stdout=subprocess.PIPE,
-                            text=True)
+    # no inlining: hotLoop stays a function of its own in the perf map (V8
+    # inlines it into the script's top level on some runs otherwise)
+    node = subprocess.Popen(["node", "--perf-basic-prof", "--no-turbo-inlining", str(script)],
+                            stdout=subprocess.PIPE, text=True)
     try:
         assert node.stdout is not None and node.stdout.readline().startswith("ready")
         time.sleep(1)  # let the JIT optimise hotLoop
@@ -126,7 +138,14 @@ def test_node_jit_frames_named_through_perf_map(tmp_path: Path) -> None:
 def test_short_lived_process_storm(fixture_bin) -> None:  # type: ignore[no-untyped-def]
     """Hundreds of processes that live 30 ms each, exited long before the
     drain: the kernel notes each new process on a ring buffer and ember
-    reads its maps at once, so its frames are named."""
+    reads its maps at once, so its frames are named.
+
+    What is measured is naming itself: the leaf of each user stack has a
+    name. Maps read too late leave ``[unknown]`` leaves (no mapping). The
+    share in storm_work is not the measure: it falls on a busy machine, where
+    each process gets less CPU in its 30 ms while its start-up in ld.so costs
+    the same. Stacks lost in the kernel (stack map collisions) are counted
+    there (ember_bpf_stacks_lost_total), not here."""
     rec = Recorder(RecordOptions(mode="cpu", duration=60, frequency=999))
     rec.start()
     stop = threading.Event()
@@ -147,8 +166,13 @@ def test_short_lived_process_storm(fixture_bin) -> None:  # type: ignore[no-unty
         stop.set()
         t.join(timeout=60)
     samples = [s for s in holder["p"].samples if s.thread_name == "short_lived"]
-    total = sum(s.values[0] for s in samples)
-    named = sum(s.values[0] for s in samples if any(f.name == "storm_work" for f in s.frames))
-    assert total > 1000, total  # 300 x 30 ms at 999 Hz: about 9000 samples
-    assert named >= 0.95 * total, (named, total)
-    assert len({s.pid for s in samples}) >= 250
+    user = [(s, [f for f in s.frames if f.kind == FrameKind.USER]) for s in samples]
+    walked = [(s, u) for s, u in user if u and not u[0].name.startswith("[lost")]
+    total = sum(s.values[0] for s, _ in walked)
+    named = sum(s.values[0] for s, u in walked
+                if u[-1].name != "[unknown]" and not re.search(r"\+0x[0-9a-f]+$", u[-1].name))
+    in_work = sum(s.values[0] for s, u in walked if any(f.name == "storm_work" for f in u))
+    assert total > 1000, total  # 300 x 30 ms at 999 Hz: about 9000 samples on a quiet machine
+    assert named >= 0.97 * total, (named, total)
+    assert in_work >= 0.5 * total, (in_work, total)  # the frames are the right ones, too
+    assert len({s.pid for s, _ in walked}) >= 250

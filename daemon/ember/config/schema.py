@@ -99,7 +99,7 @@ class AgentConfig:
         "On-CPU samples per second per CPU.", "int", 1, 10000))
     cpu: bool = field(default=True, metadata=opt("Collect on-CPU profiles.", "bool"))
     offcpu: bool = field(default=True, metadata=opt(
-        "Collect off-CPU profiles: time blocked, from switch-out to switch-in, with "
+        "Collect off-CPU profiles: time blocked, from switch-out to the wakeup, with "
         "duration-weighted sampling (see offcpu_sample).", "bool"))
     runqlat: bool = field(default=False, metadata=opt(
         "Collect run-queue latency: time runnable threads waited for a CPU, as a profile "
@@ -123,7 +123,8 @@ class AgentConfig:
         "shorter block of duration d with probability d/offcpu_sample, counted as "
         "offcpu_sample of time, so totals stay unbiased while short, frequent blocks cost "
         "almost nothing. 0 records every block with the exact program instead (stacks "
-        "walked at every switch; time split at the wakeup, scheduler frames kept).",
+        "walked at every switch, scheduler frames kept). Either way a block ends at its "
+        "wakeup.",
         "duration", 0, 4))
     min_block: float = field(default=0.000001, metadata=opt(
         "Off-CPU: ignore blocks shorter than this.", "duration", 0, 3600, reloadable=True))

@@ -126,10 +126,12 @@ PROGRAMS: tuple[ProgramKind, ...] = (
                 generations=2, weight=2.0),
     # Off-CPU with duration-weighted sampling (the default off-CPU profile).
     # The resume hooks go first: a block chosen at switch-in is never left
-    # without one.
+    # without one; sched_waking before sched_switch, so a block is never
+    # timed without its wakeup.
     ProgramKind("offcpu", "offcpu_sampled.c",
                 (Hook("ember_sampled_resume", "tp_btf/rseq_update"),
                  Hook("ember_sampled_resume", SYS_EXIT_HOOK, optional=True),
+                 Hook("ember_sampled_waking", "tp_btf/sched_waking"),
                  Hook("ember_sampled_switch", "tp_btf/sched_switch")),
                 generations=3, weight=1.5, block_sampling=True),
     # Every block timed, split at the wakeup: off-CPU with sampling off, run
