@@ -84,7 +84,7 @@ def test_registry_sees_live_caches_by_name() -> None:
     c.put(1, 1)
     hidden.put(1, 1)
     assert c in cache.live() and hidden not in cache.live()
-    assert cache.sizes()["test_registry_cache"] == 7
+    assert cache.sizes()["test_registry_cache"] == (7, 0)
     del c
     gc.collect()
     assert "test_registry_cache" not in cache.sizes()

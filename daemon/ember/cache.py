@@ -169,9 +169,11 @@ def live() -> list[BoundedCache[object, object]]:
     return sorted(_LIVE, key=lambda c: c.name)
 
 
-def sizes() -> dict[str, int]:
-    """Approximate bytes per cache name (caches of one name summed)."""
-    out: dict[str, int] = {}
+def sizes() -> dict[str, tuple[int, int]]:
+    """(approximate bytes, evictions so far) per cache name, caches of one
+    name summed."""
+    out: dict[str, tuple[int, int]] = {}
     for c in live():
-        out[c.name] = out.get(c.name, 0) + c.size_bytes()
+        size, evicted = out.get(c.name, (0, 0))
+        out[c.name] = (size + c.size_bytes(), evicted + c.evictions)
     return out

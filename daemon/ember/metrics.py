@@ -143,6 +143,9 @@ class AgentMetrics:
                                        ["cache"], registry=r)
         self.cache_bytes = Gauge("ember_cache_bytes", "Approximate size of each cache",
                                  ["cache"], registry=r)
+        self.cache_evictions = Counter("ember_cache_evictions_total",
+                                       "Entries a cache gave up to stay within its bound",
+                                       ["cache"], registry=r)
         #: what each shipper counts, by wire
         self.shipping = {
             "writeraw": ShipCounters(self.profiles_sent, self.bytes_sent, self.send_failures,

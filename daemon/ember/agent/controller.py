@@ -35,7 +35,7 @@ from ..symbols.symbolizer import Symbolizer
 from . import sdnotify
 from .kube import pod_watcher
 from .labels import ProcessLabeler
-from .memory import SYMBOL_CACHE_SHARE, MemoryGovernor, ShrinkReport
+from .memory import MemoryGovernor, ShrinkReport, rss_bytes, symbol_budget
 from .pipeline import DrainAccounting, Window, process_profiles
 from .targets import TargetResolver
 
@@ -71,7 +71,7 @@ class Agent:
         self.metrics = AgentMetrics(self.registry)
         self.metrics.memory_limit.set(cfg.memory_limit)
         self.symbolizer = Symbolizer(ProcessTable(procfs or ProcFS()), objects=ObjectCache(
-            max_bytes=int(cfg.memory_limit * SYMBOL_CACHE_SHARE), debug_dirs=cfg.debug_dirs,
+            max_bytes=symbol_budget(cfg.memory_limit, rss_bytes()), debug_dirs=cfg.debug_dirs,
             disk=_disk_cache(cfg)), lines=cfg.lines)
         try:
             self.session = Session(session_options(cfg), self.symbolizer)

@@ -4,8 +4,9 @@
 the interpreter and its libraries is caches: ELF symbol tables, symbolized
 frames, process maps, perf maps, labels. Each is a ``cache.BoundedCache``,
 which registers itself: the governor sees every one without being told.
-The symbol table cache gets its budget up front (a share of the limit); the
-governor checks RSS after every drain, and when RSS passes the high-water
+The symbol table cache gets its budget up front (a share of what the limit
+leaves above the agent's footprint at start); the governor checks RSS after
+every drain, and when RSS passes the high-water
 mark (85% of the limit) shrinks the caches, largest first, until it is back
 under the low-water mark (70%). Freed heap goes back to the kernel with
 glibc's malloc_trim. Every shrink is counted per cache, with the bytes given
@@ -32,8 +33,18 @@ log = logging.getLogger(__name__)
 
 HIGH_WATER = 0.85
 LOW_WATER = 0.70
-#: Share of memory_limit the ELF symbol table cache may use.
-SYMBOL_CACHE_SHARE = 0.35
+#: Share of the headroom (high-water mark less the RSS at start) the ELF
+#: symbol table cache may use; the rest is for the memos and each drain's
+#: own working set.
+SYMBOL_CACHE_SHARE = 0.6
+MIN_SYMBOL_CACHE = 4 << 20
+
+
+def symbol_budget(limit: int, rss: int) -> int:
+    """Bytes for the symbol table cache: a share of what the limit leaves
+    above the agent's own footprint (the interpreter and its libraries, about
+    60 MB), not of the limit itself, which a small limit would overcommit."""
+    return max(MIN_SYMBOL_CACHE, int((HIGH_WATER * limit - rss) * SYMBOL_CACHE_SHARE))
 
 
 class Shrinkable(Protocol):

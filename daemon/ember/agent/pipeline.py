@@ -63,6 +63,7 @@ class DrainAccounting:
         self.symbolizer = symbolizer
         self._symbolized = SymbolizerStats()
         self._disk: dict[str, int] = {}
+        self._evicted: dict[str, int] = {}
 
     def begin(self) -> None:
         """Note the symbolizer's counters before the drain."""
@@ -107,5 +108,7 @@ class DrainAccounting:
         m.spool_batches.set(spool_stats[0])
         m.spool_bytes.set(spool_stats[1])
         m.last_drain.set(time.time())
-        for name, size in cache.sizes().items():
+        for name, (size, evicted) in cache.sizes().items():
             m.cache_bytes.labels(name).set(size)
+            m.cache_evictions.labels(name).inc(max(0, evicted - self._evicted.get(name, 0)))
+            self._evicted[name] = evicted

@@ -157,7 +157,8 @@ class AgentConfig:
         "Bound of symbol_cache_dir; least recently used files are deleted past it.",
         "size", 1 << 20, 64 << 30))
     memory_limit: int = field(default=150 << 20, metadata=opt(
-        "The agent's memory ceiling (RSS). The symbol table cache gets a third of it; "
+        "The agent's memory ceiling (RSS). The symbol table cache gets 60% of what it "
+        "leaves above the agent's own footprint (about 60 MiB); "
         "past 85% the caches shrink, counted in ember_memory_shrinks_total and "
         "ember_memory_released_bytes_total. Give systemd's MemoryMax or the container "
         "limit some headroom above it.", "size", 48 << 20))

@@ -111,8 +111,9 @@ class DwarfLines:
                     raise DwarfError(f"{path}: no DWARF")
                 # the debug sections are read (and decompressed) into memory
                 self._dwarf = elf.get_dwarf_info(relocate_dwarf_sections=False)
+                # held decompressed: their decompressed size, not sh_size
                 self._section_bytes = sum(
-                    s["sh_size"] for s in elf.iter_sections() if s.name.startswith(".debug_"))
+                    s.data_size for s in elf.iter_sections() if s.name.startswith(".debug_"))
             # parsed units: part of this object's weight in ObjectCache.dwarf
             self._units: BoundedCache[int, _Unit | None] = BoundedCache(
                 "dwarf_units", max_units, register=False)
@@ -240,10 +241,25 @@ class DwarfLines:
                     walk(child, parent, depth + 1)
 
         walk(top, None, 0)
+        self._release(cu)
         spans.sort(key=lambda s: s[0])
         names = sum(len(s[2].name) for s in spans)
         return _Unit(row_addrs, row_lines, [s[0] for s in spans], spans,
                      size=120 * len(rows) + 200 * len(spans) + names)
+
+    def _release(self, cu: Any) -> None:
+        """Let go of what pyelftools keeps of a parsed unit: every DIE (in
+        the CompileUnit, which DWARFInfo caches for good) and the decoded
+        line program. The _Unit summary is what lookups need; without this
+        an agent with lines on grew by hundreds of MB per drain, outside
+        every bound (a unit parsed again later is decoded afresh)."""
+        for attr in ("_dielist", "_diemap"):
+            held = getattr(cu, attr, None)
+            if isinstance(held, list):
+                held.clear()
+        programs = getattr(self._dwarf, "_linetable_cache", None)
+        if isinstance(programs, dict):
+            programs.clear()
 
     def _file_names(self, prog: Any, top: Any) -> dict[int, str]:
         """File index of the line program -> path (relative to the unit's

@@ -45,13 +45,14 @@ class Symbolizer:
         # (object, vaddr) -> (demangled name, raw name, offset)
         self._lookups: BoundedCache[tuple[ObjectKey, int], tuple[str, str, int] | None] = \
             BoundedCache("symbol_lookups", memo_size)
-        # (pid, mapping) -> its object, so an address costs no stat() call
+        # (pid, mapping) -> its object's key and Mapping, so an address costs
+        # no stat() call (the object itself stays the symbol table cache's)
         self._objects_of: BoundedCache[tuple[int, MapEntry],
-                                       tuple[ObjectKey | None, ElfSymbols | None, Mapping]] = \
+                                       tuple[ObjectKey | None, Mapping]] = \
             BoundedCache("mapping_objects", memo_size)
         # (pid, address, is a return address) -> frames, for the maps they were built from
         self._frames: BoundedCache[tuple[int, int, bool], _Built] = BoundedCache(
-            "frames", memo_size)
+            "frames", memo_size, entry_bytes=350)  # with its Frames (tracemalloc)
         self._kframes: BoundedCache[tuple[int, bool], Frame] = BoundedCache(
             "kernel_frames", memo_size)
         self._perf_maps: BoundedCache[int, PerfMap] = BoundedCache(
@@ -116,22 +117,30 @@ class Symbolizer:
 
     def _object_and_mapping(self, pid: int, entry: MapEntry
                             ) -> tuple[ObjectKey | None, ElfSymbols | None, Mapping]:
+        """The object behind a mapping, and the model's Mapping of it. The memo
+        keeps the object's key and the Mapping, never the object: the symbol
+        table cache alone decides which tables stay in memory (one it evicted
+        is read again here when an address needs it)."""
         k = (pid, entry)
         hit = self._objects_of.get(k)
-        if hit is None:
-            key, obj = self.objects.open(
-                self.processes.procfs.object_candidates(pid, entry), entry.inode)
-            text = obj.text_segment if obj is not None else None
-            mapping = Mapping(entry.start, entry.end, entry.offset, entry.path,
-                              (obj.build_id or "") if obj is not None else "",
-                              has_functions=obj is not None,
-                              elf_type=obj.elf_type if obj is not None else 0,
-                              load_offset=text.offset if text else 0,
-                              load_vaddr=text.vaddr if text else 0)
-            hit = self._objects_of.put(k, (key, obj, mapping))
-        else:
-            self.stats.cache_hits += 1
-        return hit
+        if hit is not None:
+            key, mapping = hit
+            if key is None or key in self.objects.tables:
+                self.stats.cache_hits += 1
+                return key, self.objects.tables.get(key) if key else None, mapping
+        key, obj = self.objects.open(
+            self.processes.procfs.object_candidates(pid, entry), entry.inode)
+        if hit is not None:
+            return key, obj, hit[1]
+        text = obj.text_segment if obj is not None else None
+        mapping = Mapping(entry.start, entry.end, entry.offset, entry.path,
+                          (obj.build_id or "") if obj is not None else "",
+                          has_functions=obj is not None,
+                          elf_type=obj.elf_type if obj is not None else 0,
+                          load_offset=text.offset if text else 0,
+                          load_vaddr=text.vaddr if text else 0)
+        self._objects_of.put(k, (key, mapping))
+        return key, obj, mapping
 
     def lookup(self, pid: int, entry: MapEntry, address: int) -> tuple[str, str, int] | None:
         """(demangled name, raw name, offset into the function) of a runtime
