@@ -16,9 +16,12 @@ ROOT = Path(__file__).resolve().parent.parent
 EMBER = [str(ROOT / ".venv/bin/ember")]
 
 
-def start_ember(*args: str, timeout: float = 60) -> subprocess.Popen[str]:
-    """Start `ember record -v ...` and return once its programs are attached."""
-    proc = subprocess.Popen([*EMBER, "-v", "record", *args], stderr=subprocess.PIPE,
+def start_ember(*args: str, timeout: float = 60, cpu: int | None = None
+                ) -> subprocess.Popen[str]:
+    """Start `ember record -v ...` (on that CPU only, with cpu) and return
+    once its programs are attached."""
+    pin = ["taskset", "-c", str(cpu)] if cpu is not None else []
+    proc = subprocess.Popen([*pin, *EMBER, "-v", "record", *args], stderr=subprocess.PIPE,
                             stdout=subprocess.DEVNULL, text=True)
     assert proc.stderr is not None
     end = time.monotonic() + timeout
@@ -38,6 +41,13 @@ def stop(proc: subprocess.Popen[str]) -> str:
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
     return err
+
+
+def spread(xs: list[float], fmt: str = ".3f") -> str:
+    """median (min-max) of a figure over the rounds."""
+    if not xs:
+        return "-"
+    return (f"{statistics.median(xs):{fmt}} ({min(xs):{fmt}}-{max(xs):{fmt}})")
 
 
 def summary(xs: list[float]) -> str:

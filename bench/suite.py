@@ -11,14 +11,17 @@ offcpu    `taskset -c 0 perf bench sched pipe` round trips (two context
           switches each) with no program, the floors (an empty sched_switch
           program; one that only stores and reads back a timestamp), ember's
           default off-CPU profile (duration-weighted sampling) and the exact
-          program; throughput ratio, ns added per switch, and the kernel's own
-          run time per program run (kernel.bpf_stats_enabled).
+          program, ember's own process pinned to CPU 1; throughput ratio, ns
+          added per switch, and the kernel's own run time per program run
+          (kernel.bpf_stats_enabled).
 oncpu     a CPU-saturating workload (one spinner per CPU) with no agent and
           with the agent profiling on-CPU at 99 Hz and 999 Hz on all CPUs:
           throughput ratio, and the agent's CPU seconds per minute.
-memory    the agent at its defaults (on-CPU 19 Hz, off-CPU) with 200
-          processes and about 50k distinct stacks: peak RSS and the kernel
-          memory of its BPF maps.
+memory    the agent at its defaults (on-CPU 19 Hz, off-CPU, 10 s) on an idle
+          host and with 200 processes of about 50k distinct stacks, and at
+          999 Hz every 5 s: peak RSS and the kernel memory of its BPF maps.
+
+Every figure is the median over the rounds, with (min-max).
 drain     one drain of 16k distinct stacks: latency of reading the maps and
           of building the symbolized samples; on-CPU program run time.
 accuracy  the ground-truth workloads at each setting: on-CPU shares at 99 and
@@ -48,6 +51,7 @@ from common import (
     map_memory,
     need_root,
     prog_stats,
+    spread,
     start_ember,
     status_kb,
     stop,
@@ -115,7 +119,7 @@ def measured(loops: int, stats: Callable[[], tuple[int, int]]) -> tuple[float, f
 
 
 def ember_run(args: list[str], loops: int) -> tuple[float, float]:
-    proc = start_ember("--mode", "offcpu", "-o", "/dev/null", *args)
+    proc = start_ember("--mode", "offcpu", "-o", "/dev/null", *args, cpu=1)
     try:
         return measured(loops, lambda: prog_stats(proc.pid))
     finally:
@@ -147,10 +151,11 @@ def offcpu(rounds: int, loops: int) -> Table:
     for name in names:
         ratios = [b / u for b, u in zip(us["none"], us[name], strict=True)]
         added = [(u - b) * 1000 / 2 for b, u in zip(us["none"], us[name], strict=True)]
-        rows.append([name, f"{med(us[name]):.3f}", f"{med(ratios):.2f}",
-                     "-" if name == "none" else f"{med(added):+.0f}",
-                     "-" if name == "none" else f"{med(per_run[name]):.0f}"])
-    rows.append([f"(baseline {base:.3f} us per round trip)", "", "", "", ""])
+        rows.append([name, spread(us[name]), spread(ratios, ".2f"),
+                     "-" if name == "none" else spread(added, "+.0f"),
+                     "-" if name == "none" else spread(per_run[name], ".0f")])
+    rows.append([f"(baseline {base:.3f} us per round trip; ember's own process on CPU 1)",
+                 "", "", "", ""])
     return (["configuration", "us/round trip", "throughput vs none", "ns added per switch",
              "BPF ns per program run"], rows)
 
@@ -227,8 +232,8 @@ def oncpu(rounds: int, seconds: float) -> Table:
     rows = []
     for name in names:
         ratio = [w / b for b, w in zip(work["none"], work[name], strict=True)]
-        rows.append([name, f"{med(ratio):.4f}", f"{(1 - med(ratio)) * 100:+.2f}%",
-                     "-" if not cpu[name] else f"{med(cpu[name]):.2f}",
+        rows.append([name, spread(ratio, ".4f"), f"{(1 - med(ratio)) * 100:+.2f}%",
+                     spread(cpu[name], ".2f"),
                      "-" if not cpu[name] else f"{med(cpu[name]) / 60:.2%}"])
     return (["configuration", "throughput vs none", "loss", "agent CPU s/min",
              "agent share of one core"], rows)
@@ -240,9 +245,10 @@ def memory(procs: int, depth: int, seconds: float) -> Table:
     life = str(seconds + 60)
     rows = []
     for label, settings, n in (
-            ("idle host", {}, 0),
-            (f"{procs} processes x {2 ** depth} stacks", {"frequency": "999",
-                                                           "interval": "5s"}, procs)):
+            ("idle host, agent defaults", {}, 0),
+            (f"{procs} processes x {2 ** depth} stacks, agent defaults", {}, procs),
+            (f"{procs} processes x {2 ** depth} stacks, 999 Hz, 5s interval",
+             {"frequency": "999", "interval": "5s"}, procs)):
         work = [subprocess.Popen([str(BIN / "many_stacks"), life, str(depth)],
                                  stdout=subprocess.DEVNULL) for _ in range(n)]
         try:

@@ -157,3 +157,21 @@ def test_query_output_and_messages(tmp_path: Path) -> None:
     assert r.returncode == 2 and r.stderr == "ember query: --match must be LABEL=VALUE, not 'pid'\n"
     r = run("query", "--collector", url, "--token-file", str(tmp_path / "none"))
     assert r.returncode == 2 and "cannot read token file" in r.stderr
+
+
+def test_every_flag_is_in_the_readme() -> None:
+    """A flag added to a command without a word in the README fails here."""
+    from ember.cli import COMMANDS, build_parser
+    from tests.support import ROOT
+
+    readme = (ROOT / "README.md").read_text()
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command")
+    missing = []
+    for command in COMMANDS:
+        p = sub.choices[command.name]  # type: ignore[index]
+        for action in p._actions:
+            for flag in action.option_strings:
+                if flag.startswith("--") and flag != "--help" and flag not in readme:
+                    missing.append(f"ember {command.name} {flag}")
+    assert not missing, missing
