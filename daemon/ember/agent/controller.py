@@ -158,9 +158,7 @@ class Agent:
         profiles, dropped = process_profiles(drained, self.labeler, window)
         for exporter in self.exporters.values():
             exporter.export(profiles)
-        self.accounting.drained(drained)
-        self.accounting.exported(profiles, dropped)
-        self.accounting.end(self._spooled())
+        self.accounting.end(drained, profiles, dropped, self._spooled())
         self.governor.check()
         return len(profiles)
 

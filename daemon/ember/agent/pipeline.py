@@ -69,7 +69,17 @@ class DrainAccounting:
         """Note the symbolizer's counters before the drain."""
         self._symbolized = SymbolizerStats(*astuple(self.symbolizer.stats))
 
-    def drained(self, drained: Sequence[Drained]) -> None:
+    def end(self, drained: Sequence[Drained], profiles: Sequence[Profile],
+            relabel_dropped: int, spooled: tuple[int, int]) -> None:
+        """Every counter of the drain that began at ``begin``."""
+        self._programs(drained)
+        for p in profiles:
+            self.m.profiles_built.labels(p.type.name).inc()
+        self.m.profiles_dropped.labels("relabel").inc(relabel_dropped)
+        self._symbolization()
+        self._storage(spooled)
+
+    def _programs(self, drained: Sequence[Drained]) -> None:
         m = self.m
         for d in drained:
             kind, stats, program = d.program.name, d.result.stats, d.program
@@ -85,13 +95,8 @@ class DrainAccounting:
                     stats.pending / program.starts_map.max_entries)
             m.drain_seconds.labels(kind).observe(d.seconds)
 
-    def exported(self, profiles: Sequence[Profile], relabel_dropped: int) -> None:
-        for p in profiles:
-            self.m.profiles_built.labels(p.type.name).inc()
-        self.m.profiles_dropped.labels("relabel").inc(relabel_dropped)
-
-    def end(self, spool_stats: tuple[int, int]) -> None:
-        """Symbolization over the whole drain, spool and cache sizes."""
+    def _symbolization(self) -> None:
+        """Over the whole drain; the disk symbol cache too."""
         m, before, now = self.m, self._symbolized, self.symbolizer.stats
         frames = now.frames - before.frames
         unknown = now.unknown_frames - before.unknown_frames
@@ -105,8 +110,12 @@ class DrainAccounting:
                 value = getattr(disk.stats, outcome)
                 m.disk_cache.labels(outcome).inc(value - self._disk.get(outcome, 0))
                 self._disk[outcome] = value
-        m.spool_batches.set(spool_stats[0])
-        m.spool_bytes.set(spool_stats[1])
+
+    def _storage(self, spooled: tuple[int, int]) -> None:
+        """Spool and cache sizes, evictions, when the drain ended."""
+        m = self.m
+        m.spool_batches.set(spooled[0])
+        m.spool_bytes.set(spooled[1])
         m.last_drain.set(time.time())
         for name, (size, evicted) in cache.sizes().items():
             m.cache_bytes.labels(name).set(size)
