@@ -18,6 +18,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+import numpy.typing as npt
+
 from ..cache import BoundedCache
 
 log = logging.getLogger(__name__)
@@ -89,6 +92,17 @@ class Process:
         if i >= 0 and address < self.maps[i].end:
             return self.maps[i]
         return None
+
+    def find_many(self, addresses: npt.NDArray[np.uint64]) -> npt.NDArray[np.int64]:
+        """find() of many addresses in one vectorized search: the index in
+        maps of the mapping covering each, -1 where none does."""
+        if not self.maps:
+            return np.full(len(addresses), -1, dtype=np.int64)
+        starts = np.array(self._starts, dtype=np.uint64)
+        ends = np.array([m.end for m in self.maps], dtype=np.uint64)
+        i = np.searchsorted(starts, addresses, side="right").astype(np.int64) - 1
+        inside = (i >= 0) & (addresses < ends[np.maximum(i, 0)])
+        return np.where(inside, i, -1)
 
 
 def parse_stat(text: str) -> tuple[int, int]:
