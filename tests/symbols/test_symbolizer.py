@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import random
 import subprocess
+from collections.abc import Sequence
 from pathlib import Path
 
 from ember.model import FrameKind
 from ember.symbols.elf import ElfSymbols
 from ember.symbols.objects import ObjectCache
-from ember.symbols.procmaps import ProcessTable, ProcFS
+from ember.symbols.procmaps import MapEntry, ProcessTable, ProcFS
 from ember.symbols.symbolizer import Symbolizer
 from tests.support.elf import nm
 from tests.support.procfs import write_proc
@@ -35,6 +37,51 @@ def fixture_proc(tmp_path: Path, fixture_bin: Path) -> ProcFS:
             + [f"{0x7FFD00000000:x}-{0x7FFD00002000:x} r-xp 00000000 00:00 0 [vdso]"])
     write_proc(tmp_path, 42, "\n".join(maps) + "\n")
     return ProcFS(tmp_path)
+
+
+def mixed_proc(tmp_path: Path, fixture_bin: Path) -> ProcFS:
+    """fixture_proc's maps and anonymous memory: heap, an anonymous mapping."""
+    fixture_proc(tmp_path / "base", fixture_bin)
+    maps = (tmp_path / "base/42/maps").read_text()
+    write_proc(tmp_path / "mixed", 42, maps + "7f3000000000-7f3000100000 rw-p 00000000 00:00 0 \n"
+                                             "55d0d0000000-55d0d0021000 rw-p 00000000 00:00 0 "
+                                             "[heap]\n")
+    return ProcFS(tmp_path / "mixed")
+
+
+def spread(maps: Sequence[MapEntry], rng: random.Random, n: int) -> list[int]:
+    """Addresses at the edges of every mapping, n inside or around each, and
+    the ends of the address space."""
+    edges = [a + d for m in maps for a in (m.start, m.end) for d in (-1, 0, 1)]
+    return edges + [rng.randrange(m.start - 0x2000, m.end + 0x2000) for m in maps
+                    for _ in range(n)] + [0, 2**64 - 1]
+
+
+def function_points(fixture_bin: Path, rng: random.Random, n: int) -> list[int]:
+    """n addresses inside functions of pie_main and libember_demo.so, and
+    their first bytes (a return address there is a call in the function
+    before)."""
+    pool = [base + start + d for name, base in (("pie_main", PIE_BASE),
+                                                ("libember_demo.so", LIB_BASE))
+            for start in nm(fixture_bin / name).values() for d in (0, 1, 5)]
+    return [rng.choice(pool) for _ in range(n)]
+
+
+def test_name_many_is_find_and_lookup(tmp_path: Path, fixture_bin: Path) -> None:
+    sym = Symbolizer(ProcessTable(mixed_proc(tmp_path, fixture_bin)))
+    proc = sym.processes.get(42)
+    assert proc is not None
+    rng = random.Random(1)
+    addrs = spread(proc.maps, rng, 300) + function_points(fixture_bin, rng, 2000)
+    named = sym.name_many(42, addrs)
+    expected = [(e, sym.lookup(42, e, a) if e is not None and e.file_backed else None)
+                for a in addrs for e in [proc.find(a)]]
+    assert [named[k] for k in range(len(named))] == expected
+    assert sum(hit is not None for _, hit in expected) > 1000
+    assert sum(e is None for e, _ in expected) > 100
+    assert sum(e is not None and not e.file_backed for e, _ in expected) > 300
+    assert len(sym.name_many(42, [])) == 0
+    assert [sym.name_many(99, [0x10, PIE_BASE])[k] for k in range(2)] == [(None, None)] * 2
 
 
 def test_pie_and_shared_library(tmp_path: Path, fixture_bin: Path) -> None:

@@ -14,7 +14,11 @@ import io
 import logging
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
 
 from ..cache import BoundedCache
 from ..errors import ElfError
@@ -28,6 +32,35 @@ from .perfmap import PerfMap
 from .procmaps import MapEntry, Process, ProcessTable
 
 log = logging.getLogger(__name__)
+
+#: What lookup() gives: (demangled name, raw name, offset into the function).
+Named = tuple[str, str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class NamedAddresses:
+    """Many addresses of one process as name_many found them, in arrays
+    (one Python object per function, not per address): address k is inside
+    maps[where[k]] (where[k] < 0: no mapping covers it) and, where
+    symbol[k] >= 0, in the function names[symbol[k]] (raw[symbol[k]] as
+    the symbol table has it) at offset[k] into it."""
+
+    maps: tuple[MapEntry, ...]
+    where: npt.NDArray[np.int64]
+    symbol: npt.NDArray[np.int64]
+    offset: npt.NDArray[np.uint64]
+    names: list[str]
+    raw: list[str]
+
+    def __len__(self) -> int:
+        return len(self.where)
+
+    def __getitem__(self, k: int) -> tuple[MapEntry | None, Named | None]:
+        """Address k as Process.find and Symbolizer.lookup give it."""
+        at, s = int(self.where[k]), int(self.symbol[k])
+        return (self.maps[at] if at >= 0 else None,
+                (self.names[s], self.raw[s], int(self.offset[k])) if s >= 0 else None)
+
 
 #: A user frame memo: the process it was built for, its frames, how many unnamed.
 _Built = tuple[Process | None, tuple[Frame, ...], int]
@@ -148,6 +181,49 @@ class Symbolizer:
         hit = obj.lookup(vaddr)
         return self._lookups.put(mk, (demangle(hit[0]), hit[0], hit[1]) if hit else None)
 
+    def lookup_many(self, pid: int, entry: MapEntry, addresses: npt.NDArray[np.uint64]
+                    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.uint64], list[str]]:
+        """lookup() of many runtime addresses inside entry, as arrays: for
+        address k, its function is names[symbol[k]] (the raw names;
+        symbol[k] < 0: none) at offset[k] into it. Virtual addresses and
+        symbols are found with one vectorized search each, names decoded
+        once per function."""
+        key, obj = self._object(pid, entry)
+        if obj is None or key is None:
+            return (np.full(len(addresses), -1, dtype=np.int64),
+                    np.zeros(len(addresses), dtype=np.uint64), [])
+        offsets = addresses - np.uint64(entry.start) + np.uint64(entry.offset)
+        vaddrs, mapped = obj.vaddrs_of_offsets(offsets)
+        found, into = obj.index.search(vaddrs)
+        found[~mapped] = -1
+        hit = found >= 0
+        functions, symbol = np.unique(found[hit], return_inverse=True)
+        found[hit] = symbol
+        return found, into, [obj.index.name(i) for i in functions.tolist()]
+
+    def name_many(self, pid: int, addresses: Sequence[int]) -> NamedAddresses:
+        """find() and lookup() of many addresses of pid (0 to 2**64 - 1,
+        taken as they are: no return-address adjustment), as arrays: grouped
+        by mapping with one vectorized search of the maps, each group named
+        by lookup_many, each name demangled once. The maps are not re-read
+        and no frame is memoized: this is for many distinct addresses at
+        once (ember symbolize)."""
+        proc = self.processes.get(pid)
+        q = np.array(addresses, dtype=np.uint64)
+        where = proc.find_many(q) if proc is not None else np.full(len(q), -1, dtype=np.int64)
+        symbol = np.full(len(q), -1, dtype=np.int64)
+        offset = np.zeros(len(q), dtype=np.uint64)
+        raw: list[str] = []
+        maps = proc.maps if proc is not None else ()
+        for i, positions in _groups(where):
+            if maps[i].file_backed:
+                found, into, names = self.lookup_many(pid, maps[i], q[positions])
+                hit = found >= 0
+                symbol[positions[hit]] = found[hit] + len(raw)
+                offset[positions[hit]] = into[hit]
+                raw += names
+        return NamedAddresses(maps, where, symbol, offset, [demangle(n) for n in raw], raw)
+
     def source_lines(self, pid: int, entry: MapEntry, address: int) -> list[SourceLine]:
         """DWARF lines of a runtime address inside entry, innermost first."""
         _, obj = self._object(pid, entry)
@@ -249,3 +325,14 @@ class Symbolizer:
                 self.stats.unknown_frames += 1
             frames.append(frame)
         return frames
+
+
+def _groups(where: npt.NDArray[np.int64]) -> list[tuple[int, npt.NDArray[np.intp]]]:
+    """(value, the positions holding it, in order) for each value >= 0 in where."""
+    if not len(where):
+        return []
+    order = np.argsort(where, kind="stable")
+    ordered = where[order]
+    cuts = (np.flatnonzero(ordered[1:] != ordered[:-1]) + 1).tolist()
+    return [(int(ordered[a]), order[a:b])
+            for a, b in zip([0, *cuts], [*cuts, len(order)], strict=True) if ordered[a] >= 0]
