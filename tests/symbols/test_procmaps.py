@@ -83,3 +83,18 @@ def test_table_remembers_exited_processes(tmp_path: Path) -> None:
         table.expire()
     assert len(table) == 0
     assert table.get(10) is None
+
+
+def test_maps_read_again_unchanged_are_the_same_process(tmp_path: Path) -> None:
+    """What was built from a process's maps (frames) stays valid when they
+    are read again unchanged; changed maps are a new Process."""
+    write_proc(tmp_path, 10, MAPS)
+    table = ProcessTable(ProcFS(tmp_path))
+    first = table.get(10)
+    assert first is not None
+    table.refresh([10])
+    assert table.get(10) is first
+    (tmp_path / "10/maps").write_text(MAPS + "7f0000000000-7f0000001000 rw-p 00000000 00:00 0\n")
+    table.refresh([10])
+    again = table.get(10)
+    assert again is not first and again is not None and len(again.maps) == len(first.maps) + 1

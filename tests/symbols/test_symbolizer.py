@@ -7,6 +7,8 @@ import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
+import pytest
+
 from ember.model import FrameKind
 from ember.symbols.elf import ElfSymbols
 from ember.symbols.objects import ObjectCache
@@ -82,6 +84,24 @@ def test_name_many_is_find_and_lookup(tmp_path: Path, fixture_bin: Path) -> None
     assert sum(e is not None and not e.file_backed for e, _ in expected) > 300
     assert len(sym.name_many(42, [])) == 0
     assert [sym.name_many(99, [0x10, PIE_BASE])[k] for k in range(2)] == [(None, None)] * 2
+
+
+def test_an_address_outside_the_maps_keeps_the_frames_built(
+        tmp_path: Path, fixture_bin: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An address no mapping covers has the maps read again, once a drain:
+    unchanged, they are the same Process, and the frames built from them
+    stay valid (before, every drain built them all again)."""
+    sym = Symbolizer(ProcessTable(fixture_proc(tmp_path, fixture_bin)))
+    stack = [0x10, PIE_BASE + nm(fixture_bin / "pie_main")["main"] + 30]
+    first = sym.user_frames(42, stack)
+    sym.processes.expire()  # the next drain
+
+    def fail(*_: object) -> None:
+        raise AssertionError("looked up again")
+
+    monkeypatch.setattr(sym, "lookup", fail)
+    assert sym.user_frames(42, stack) == first
+    assert [f.name for f in first] == ["[unknown]", "main"]
 
 
 def test_pie_and_shared_library(tmp_path: Path, fixture_bin: Path) -> None:

@@ -175,12 +175,16 @@ class ProcessTable:
         self._lock = threading.RLock()
 
     def refresh(self, pids: Iterable[int]) -> None:
+        """Read the maps of pids again. A process whose maps did not change
+        stays the same Process object: what was built from it (the
+        symbolizer's frames) stays valid."""
         for pid in set(pids):
             proc = self.procfs.read(pid)  # outside the lock: /proc reads are slow
             with self._lock:
                 known = self._table.get(pid)
                 if proc is not None:
-                    self._table.put(pid, (proc, self._round))
+                    same = known is not None and known[0] == proc
+                    self._table.put(pid, (known[0] if same and known else proc, self._round))
                 elif known is not None:
                     self._table.put(pid, (known[0], self._round))
 
