@@ -13,7 +13,8 @@ from __future__ import annotations
 import io
 import logging
 import os
-from collections.abc import Sequence
+import weakref
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -92,6 +93,9 @@ class Symbolizer:
         # pid -> the round its maps were last re-read on a miss
         self._reread: BoundedCache[int, int] = BoundedCache("maps_rereads", 1 << 16,
                                                            entry_bytes=100)
+        # pid -> its maps when prepare() last named its stacks (not kept alive)
+        self._prepared: BoundedCache[int, weakref.ref[Process]] = BoundedCache(
+            "prepared_processes", 1 << 16, entry_bytes=100)
         self._vdso: ElfSymbols | None = None
         self._vdso_read = False
 
@@ -113,13 +117,9 @@ class Symbolizer:
                 unknown += hit[2]
                 continue
             entry = proc.find(ip) if proc else None
-            if entry is None and proc is not None and self._reread.get(pid) != self.processes.round:
-                # maps change without an exec (dlopen, JIT): read them again,
-                # once per drain and process
-                self._reread.put(pid, self.processes.round)
-                self.processes.refresh([pid])
-                fresh = self.processes.get(pid)
-                if fresh is not None and fresh is not proc:
+            if entry is None and proc is not None:
+                fresh = self._maps_again(pid, proc)
+                if fresh is not proc:
                     proc = fresh
                     entry = proc.find(ip)
             if entry is None:
@@ -138,6 +138,72 @@ class Symbolizer:
                 self._frames.put((pid, ip, i > 0), (proc, built, missed))
         self.stats.unknown_frames = unknown
         return frames
+
+    def _maps_again(self, pid: int, proc: Process) -> Process:
+        """The process as its maps are now, after an address missed them:
+        maps change without an exec (dlopen, JIT), so they are read again,
+        once per drain and process. proc itself when not read again or not
+        changed."""
+        if self._reread.get(pid) == self.processes.round:
+            return proc
+        self._reread.put(pid, self.processes.round)
+        self.processes.refresh([pid])
+        return self.processes.get(pid) or proc
+
+    def prepare(self, stacks: Iterable[tuple[int, Sequence[int]]]) -> None:
+        """Before a drain's user_frames calls: the user stacks (pid, leaf
+        first) of processes not prepared yet with their current maps (new
+        processes, changed maps) named in one batch per process, their
+        frames memoized as user_frames would build them. A process prepared
+        before costs one look-up per drain, so a warm drain pays nothing."""
+        if self.lines:
+            return  # inlined frames come from DWARF one address at a time
+        by_pid: dict[int, list[Sequence[int]]] = {}
+        for pid, ips in stacks:
+            by_pid.setdefault(pid, []).append(ips)
+        for pid, group in by_pid.items():
+            proc = self.processes.get(pid)
+            seen = self._prepared.get(pid)
+            if proc is not None and (seen is None or seen() is not proc):
+                self._prepare(pid, proc, group)
+
+    def _prepare(self, pid: int, proc: Process, stacks: list[Sequence[int]]) -> None:
+        """The frames of the distinct addresses of stacks that a file-backed
+        mapping and a function name, put in the frames memo in the order
+        the stacks have them (the others are left to user_frames). An
+        address outside the maps has them read again first, as user_frames
+        would."""
+        keys = list(dict.fromkeys((ip, i > 0) for ips in stacks for i, ip in enumerate(ips)))
+        keys = keys[:self._frames.max_entries // 2]  # would evict each other
+        ips = np.array([ip for ip, _ in keys], dtype=np.uint64)
+        where = proc.find_many(ips)
+        if bool((where < 0).any()) and (fresh := self._maps_again(pid, proc)) is not proc:
+            proc, where = fresh, fresh.find_many(ips)
+        self._prepared.put(pid, weakref.ref(proc))
+        self._memoize(pid, proc, keys, ips, where)
+
+    def _memoize(self, pid: int, proc: Process, keys: list[tuple[int, bool]],
+                 ips: npt.NDArray[np.uint64], where: npt.NDArray[np.int64]) -> None:
+        """Frames of keys (address, is a return address) found in the
+        mappings where says, named in one batch per mapping."""
+        looked = ips - np.array([ret for _, ret in keys], dtype=np.uint64)
+        symbol = np.full(len(keys), -1, dtype=np.int64)
+        named: list[tuple[str, str, Mapping]] = []
+        for i, positions in _groups(where):
+            entry = proc.maps[i]
+            if entry.file_backed:
+                positions = positions[looked[positions] >= np.uint64(entry.start)]
+                found, _, functions = self.lookup_many(pid, entry, looked[positions])
+                hit = found >= 0
+                symbol[positions[hit]] = found[hit] + len(named)
+                mapping = self._mapping(pid, entry)
+                named += [(demangle(f), f, mapping) for f in functions]
+        put = self._frames.put
+        for (ip, ret), s in zip(keys, symbol.tolist(), strict=True):
+            if s >= 0:
+                name, raw, mapping = named[s]
+                put((pid, ip, ret), (proc, (Frame(name, FrameKind.USER, mapping, ip,
+                                                  raw if raw != name else ""),), 0))
 
     def _object(self, pid: int, entry: MapEntry) -> tuple[ObjectKey | None, ElfSymbols | None]:
         hit = self._object_and_mapping(pid, entry)
