@@ -6,6 +6,12 @@ no mapping covers it. Objects come from objects.py; what is built from them
 (frames per process and address, symbol lookups, the object of each
 mapping, perf maps) is memoized in bounded caches, since stacks share most
 of their addresses.
+
+Many addresses never seen before are named in batches instead of one at a
+time: grouped by mapping, each group one NumPy search of its object's
+symbols, each name decoded and demangled once (name_many for ember
+symbolize; prepare for the stacks of a drain's new processes, whose frames
+it memoizes for user_frames).
 """
 
 from __future__ import annotations
