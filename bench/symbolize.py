@@ -62,7 +62,7 @@ def objects_memory(n: int) -> tuple[int, float, float]:
         _, obj = cache.open([p])
         done += obj is not None
     grown = (status_kb(os.getpid(), "VmRSS") - before) / 1024
-    return done, grown, cache.size_bytes() / (1 << 20)
+    return done, grown, cache.tables.size_bytes() / (1 << 20)
 
 
 def addresses(pid: int, n: int, rng: random.Random) -> list[int]:

@@ -41,8 +41,21 @@ def start(cmd: list[str], **kw: object) -> subprocess.Popen[str]:
 
 
 def names(pid: int, addrs: list[int]) -> list[str]:
+    """The names of a stack, the same one frame at a time and prepared in a
+    batch; the leaf's the same from name_many."""
     sym = Symbolizer(ProcessTable(ProcFS()))
-    return [f.name for f in sym.user_frames(pid, addrs)]
+    one = [f.name for f in sym.user_frames(pid, addrs)]
+    assert batch_names(pid, addrs) == one
+    return one
+
+
+def batch_names(pid: int, addrs: list[int]) -> list[str]:
+    sym = Symbolizer(ProcessTable(ProcFS()))
+    sym.prepare([(pid, addrs)])
+    leaf = sym.name_many(pid, addrs[:1])[0][1]
+    prepared = [f.name for f in sym.user_frames(pid, addrs)]
+    assert leaf is not None and leaf[0] == prepared[0]
+    return prepared
 
 
 def test_deleted_binary(fixture_bin: Path, workdir: Path) -> None:
@@ -73,6 +86,7 @@ def test_binary_replaced_while_running(fixture_bin: Path, workdir: Path) -> None
         sym = Symbolizer(ProcessTable(ProcFS()))
         assert [f.name for f in sym.user_frames(p.pid, [addr])] == ["work_b"]
         assert sym.stats.replaced_objects >= 1
+        assert batch_names(p.pid, [addr]) == ["work_b"]
     finally:
         p.kill()
         p.wait()

@@ -7,12 +7,13 @@ import random
 import subprocess
 from pathlib import Path
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ember.errors import ElfError
-from ember.symbols.elf import ElfSymbols
+from ember.symbols.elf import ElfSymbols, SymbolIndex
 from tests.support import BIN
 from tests.support.elf import nm, nm_sized
 
@@ -135,3 +136,27 @@ def test_batch_lookup_matches_single(fixture_bin: Path) -> None:
     addrs = [rng.randrange(0, hi) for _ in range(5000)] + [0, 2**64 - 1]
     assert elf.lookup_many(addrs) == [elf.lookup(a) for a in addrs]
     assert sum(hit is not None for hit in elf.lookup_many(addrs)) > 100
+
+
+@pytest.mark.parametrize("name", ["cpu_shares", "pie_main", "libember_demo.so"])
+def test_batch_vaddrs_and_search_match_single(fixture_bin: Path, name: str) -> None:
+    """vaddrs_of_offsets and SymbolIndex.search are vaddr_of_offset and
+    lookup for many at once, at the segments' and functions' edges too."""
+    elf = ElfSymbols(fixture_bin / name)
+    rng = random.Random(4)
+    edges = [a + d for s in elf.segments for a in (s.offset, s.offset + s.filesz)
+             for d in (-1, 0, 1)]
+    offsets = [o for o in edges if o >= 0] + [rng.randrange(0, 1 << 16) for _ in range(3000)]
+    vaddrs, mapped = elf.vaddrs_of_offsets(np.array(offsets, dtype=np.uint64))
+    assert [v if ok else None for v, ok in zip(vaddrs.tolist(), mapped.tolist(), strict=True)] \
+        == [elf.vaddr_of_offset(o) for o in offsets]
+    assert not mapped.all() and mapped.any()
+    funcs = elf.functions()
+    addrs = [a + d for f in funcs for a in (f.start, f.start + f.size) for d in (-1, 0, 1)]
+    addrs += [rng.randrange(0, funcs[-1].start + 4096) for _ in range(3000)] + [0, 2**64 - 1]
+    found, into = elf.index.search(np.array(addrs, dtype=np.uint64))
+    got = [(elf.index.name(i), off) if i >= 0 else None
+           for i, off in zip(found.tolist(), into.tolist(), strict=True)]
+    assert got == [elf.lookup(a) for a in addrs]
+    found, _ = SymbolIndex.empty().search(np.array(addrs[:5], dtype=np.uint64))
+    assert found.tolist() == [-1] * 5

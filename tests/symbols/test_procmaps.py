@@ -1,6 +1,9 @@
 from __future__ import annotations
 
+import random
 from pathlib import Path
+
+import numpy as np
 
 from ember.symbols.procmaps import PF_KTHREAD, ProcessTable, ProcFS, parse_maps, parse_stat
 from tests.support.procfs import write_proc
@@ -51,6 +54,24 @@ def test_procfs_fixture_and_find(tmp_path: Path) -> None:
     assert cands[1] == tmp_path / "10/map_files/7f1e2a000000-7f1e2a1d5000"
 
 
+def test_find_many_is_find(tmp_path: Path) -> None:
+    """The vectorized search gives the mapping find() gives, at every edge."""
+    write_proc(tmp_path, 10, MAPS)
+    write_proc(tmp_path, 2, "", comm="kworker/0:1", flags=PF_KTHREAD)
+    fs = ProcFS(tmp_path)
+    p, k = fs.read(10), fs.read(2)
+    assert p is not None and k is not None
+    rng = random.Random(5)
+    edges = [a + d for m in p.maps for a in (m.start, m.end) for d in (-1, 0, 1)]
+    addrs = edges + [rng.randrange(m.start - 4096, m.end + 4096) for m in p.maps
+                     for _ in range(200)] + [0, 2**64 - 1]
+    where = p.find_many(np.array(addrs, dtype=np.uint64)).tolist()
+    assert [p.maps[i] if i >= 0 else None for i in where] == [p.find(a) for a in addrs]
+    assert -1 in where and {i for i in where if i >= 0} == set(range(len(p.maps)))
+    assert k.find_many(np.array(addrs, dtype=np.uint64)).tolist() == [-1] * len(addrs)
+    assert p.find_many(np.array([], dtype=np.uint64)).tolist() == []
+
+
 def test_table_remembers_exited_processes(tmp_path: Path) -> None:
     write_proc(tmp_path, 10, MAPS)
     table = ProcessTable(ProcFS(tmp_path), keep_rounds=2)
@@ -62,3 +83,18 @@ def test_table_remembers_exited_processes(tmp_path: Path) -> None:
         table.expire()
     assert len(table) == 0
     assert table.get(10) is None
+
+
+def test_maps_read_again_unchanged_are_the_same_process(tmp_path: Path) -> None:
+    """What was built from a process's maps (frames) stays valid when they
+    are read again unchanged; changed maps are a new Process."""
+    write_proc(tmp_path, 10, MAPS)
+    table = ProcessTable(ProcFS(tmp_path))
+    first = table.get(10)
+    assert first is not None
+    table.refresh([10])
+    assert table.get(10) is first
+    (tmp_path / "10/maps").write_text(MAPS + "7f0000000000-7f0000001000 rw-p 00000000 00:00 0\n")
+    table.refresh([10])
+    again = table.get(10)
+    assert again is not first and again is not None and len(again.maps) == len(first.maps) + 1

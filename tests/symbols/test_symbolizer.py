@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import random
 import subprocess
+from collections.abc import Sequence
 from pathlib import Path
+
+import pytest
 
 from ember.model import FrameKind
 from ember.symbols.elf import ElfSymbols
 from ember.symbols.objects import ObjectCache
-from ember.symbols.procmaps import ProcessTable, ProcFS
+from ember.symbols.procmaps import MapEntry, ProcessTable, ProcFS
 from ember.symbols.symbolizer import Symbolizer
 from tests.support.elf import nm
 from tests.support.procfs import write_proc
@@ -35,6 +39,156 @@ def fixture_proc(tmp_path: Path, fixture_bin: Path) -> ProcFS:
             + [f"{0x7FFD00000000:x}-{0x7FFD00002000:x} r-xp 00000000 00:00 0 [vdso]"])
     write_proc(tmp_path, 42, "\n".join(maps) + "\n")
     return ProcFS(tmp_path)
+
+
+def mixed_proc(tmp_path: Path, fixture_bin: Path) -> ProcFS:
+    """fixture_proc's maps and anonymous memory: heap, an anonymous mapping."""
+    fixture_proc(tmp_path / "base", fixture_bin)
+    maps = (tmp_path / "base/42/maps").read_text()
+    write_proc(tmp_path / "mixed", 42, maps + "7f3000000000-7f3000100000 rw-p 00000000 00:00 0 \n"
+                                             "55d0d0000000-55d0d0021000 rw-p 00000000 00:00 0 "
+                                             "[heap]\n")
+    return ProcFS(tmp_path / "mixed")
+
+
+def spread(maps: Sequence[MapEntry], rng: random.Random, n: int) -> list[int]:
+    """Addresses at the edges of every mapping, n inside or around each, and
+    the ends of the address space."""
+    edges = [a + d for m in maps for a in (m.start, m.end) for d in (-1, 0, 1)]
+    return edges + [rng.randrange(m.start - 0x2000, m.end + 0x2000) for m in maps
+                    for _ in range(n)] + [0, 2**64 - 1]
+
+
+def function_points(fixture_bin: Path, rng: random.Random, n: int) -> list[int]:
+    """n addresses inside functions of pie_main and libember_demo.so, and
+    their first bytes (a return address there is a call in the function
+    before)."""
+    pool = [base + start + d for name, base in (("pie_main", PIE_BASE),
+                                                ("libember_demo.so", LIB_BASE))
+            for start in nm(fixture_bin / name).values() for d in (0, 1, 5)]
+    return [rng.choice(pool) for _ in range(n)]
+
+
+def test_name_many_is_find_and_lookup(tmp_path: Path, fixture_bin: Path) -> None:
+    sym = Symbolizer(ProcessTable(mixed_proc(tmp_path, fixture_bin)))
+    proc = sym.processes.get(42)
+    assert proc is not None
+    rng = random.Random(1)
+    addrs = spread(proc.maps, rng, 300) + function_points(fixture_bin, rng, 2000)
+    named = sym.name_many(42, addrs)
+    expected = [(e, sym.lookup(42, e, a) if e is not None and e.file_backed else None)
+                for a in addrs for e in [proc.find(a)]]
+    assert [named[k] for k in range(len(named))] == expected
+    assert sum(hit is not None for _, hit in expected) > 1000
+    assert sum(e is None for e, _ in expected) > 100
+    assert sum(e is not None and not e.file_backed for e, _ in expected) > 300
+    assert len(sym.name_many(42, [])) == 0
+    assert [sym.name_many(99, [0x10, PIE_BASE])[k] for k in range(2)] == [(None, None)] * 2
+
+
+def drain(fixture_bin: Path, proc_maps: Sequence[MapEntry], seed: int
+          ) -> list[tuple[int, list[int]]]:
+    """Stacks of pid 42 as a drain has them, leaf first, and a few of a PID
+    that does not exist."""
+    rng = random.Random(seed)
+    pool = spread(proc_maps, rng, 20) + function_points(fixture_bin, rng, 500)
+    stacks = [(42, [rng.choice(pool) for _ in range(rng.randrange(0, 30))])
+              for _ in range(400)]
+    return [*stacks, (99, [PIE_BASE + 0x1000, 0x10])]
+
+
+def test_prepare_gives_the_frames_user_frames_builds(tmp_path: Path, fixture_bin: Path) -> None:
+    procfs = mixed_proc(tmp_path, fixture_bin)
+    maps = ProcessTable(procfs).get(42)
+    assert maps is not None
+    stacks = drain(fixture_bin, maps.maps, 2)
+    plain = Symbolizer(ProcessTable(procfs))
+    expected = [plain.user_frames(pid, ips) for pid, ips in stacks]
+    sym = Symbolizer(ProcessTable(procfs))
+    sym.prepare(stacks)
+    assert [sym.user_frames(pid, ips) for pid, ips in stacks] == expected
+    assert (sym.stats.frames, sym.stats.unknown_frames) == \
+        (plain.stats.frames, plain.stats.unknown_frames)
+
+
+def test_prepared_frames_are_used_once_per_maps(tmp_path: Path, fixture_bin: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """After prepare, user_frames names every function without lookup() (it
+    finds nothing here: what has a function was prepared); prepare again
+    with the same maps names nothing, with maps read again all again."""
+    procfs = ProcFS(tmp_path)
+    fixture_proc(tmp_path, fixture_bin)
+    rng = random.Random(3)
+    pool = function_points(fixture_bin, rng, 1000)
+    stacks = [(42, rng.sample(pool, rng.randrange(1, 30))) for _ in range(200)]
+    plain = Symbolizer(ProcessTable(procfs))
+    expected = [plain.user_frames(pid, ips) for pid, ips in stacks]
+    sym = Symbolizer(ProcessTable(procfs))
+    batches: list[object] = []
+    real = sym.lookup_many
+    monkeypatch.setattr(sym, "lookup_many", lambda *a: batches.append(a) or real(*a))
+    monkeypatch.setattr(sym, "lookup", lambda *a: None)
+    sym.prepare(stacks)
+    assert len(batches) == 2  # pie_main's text, the library's text
+    assert [sym.user_frames(pid, ips) for pid, ips in stacks] == expected
+    sym.prepare(stacks)
+    assert len(batches) == 2
+    sym.processes.refresh([42])  # maps read again, unchanged: the same Process
+    sym.prepare(stacks)
+    assert len(batches) == 2
+    maps = tmp_path / "42/maps"  # a library mapped (dlopen): another Process
+    maps.write_text(maps.read_text() + "7f3000000000-7f3000001000 r-xp 00000000 08:01 9 /lib/x\n")
+    sym.processes.refresh([42])
+    sym.prepare(stacks)
+    assert len(batches) == 4
+    assert [sym.user_frames(pid, ips) for pid, ips in stacks] == expected
+
+
+def test_an_address_outside_the_maps_keeps_the_frames_built(
+        tmp_path: Path, fixture_bin: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An address no mapping covers has the maps read again, once a drain:
+    unchanged, they are the same Process, and the frames built from them
+    stay valid (before, every drain built them all again)."""
+    sym = Symbolizer(ProcessTable(fixture_proc(tmp_path, fixture_bin)))
+    stack = [0x10, PIE_BASE + nm(fixture_bin / "pie_main")["main"] + 30]
+    first = sym.user_frames(42, stack)
+    sym.processes.expire()  # the next drain
+
+    def fail(*_: object) -> None:
+        raise AssertionError("looked up again")
+
+    monkeypatch.setattr(sym, "lookup", fail)
+    assert sym.user_frames(42, stack) == first
+    assert [f.name for f in first] == ["[unknown]", "main"]
+
+
+def test_prepare_reads_maps_again_as_user_frames_would(
+        tmp_path: Path, fixture_bin: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A library mapped since the maps were read: prepare reads them again
+    for the address outside them, and user_frames then reads nothing."""
+    procfs = ProcFS(tmp_path)
+    fixture_proc(tmp_path, fixture_bin)
+    sym = Symbolizer(ProcessTable(procfs))
+    sym.processes.touch([42])
+    lib = nm(fixture_bin / "libember_demo.so")
+    maps = tmp_path / "42/maps"
+    lines = maps.read_text().splitlines()
+    maps.write_text("\n".join(line for line in lines if "libember_demo" not in line) + "\n")
+    sym.processes.refresh([42])
+    maps.write_text("\n".join(lines) + "\n")  # dlopen
+    stack = [LIB_BASE + lib["lib_spin"] + 5, PIE_BASE + nm(fixture_bin / "pie_main")["main"] + 30]
+    sym.prepare([(42, stack)])
+    reads: list[object] = []
+    real = sym.processes.refresh
+    monkeypatch.setattr(sym.processes, "refresh", lambda pids: reads.append(pids) or real(pids))
+    assert [f.name for f in sym.user_frames(42, stack)] == ["lib_spin", "main"]
+    assert reads == []
+
+
+def test_prepare_leaves_lines_to_user_frames(tmp_path: Path, fixture_bin: Path) -> None:
+    sym = Symbolizer(ProcessTable(fixture_proc(tmp_path, fixture_bin)), lines=True)
+    sym.prepare([(42, function_points(fixture_bin, random.Random(4), 50))])
+    assert len(sym._frames) == 0
 
 
 def test_pie_and_shared_library(tmp_path: Path, fixture_bin: Path) -> None:

@@ -27,12 +27,21 @@ _RUST_ESCAPES = {"SP": "@", "BP": "*", "RF": "&", "LT": "<", "GT": ">", "LP": "(
 _RUST_ESCAPE = re.compile(r"\$(SP|BP|RF|LT|GT|LP|RP|C|u[0-9a-f]{2})\$")
 
 
+def _library(soname: str, name: str, otherwise: str | None) -> Any:
+    """A shared library by its usual soname, else as ctypes.util finds it
+    (which runs ldconfig: ~20 ms at every start of ``ember symbolize``), else
+    otherwise (None: this process's own symbols)."""
+    try:
+        return ctypes.CDLL(soname)
+    except OSError:
+        return ctypes.CDLL(ctypes.util.find_library(name) or otherwise)
+
+
 @functools.cache
 def _runtime() -> tuple[Any, Any] | None:
-    name = ctypes.util.find_library("stdc++") or "libstdc++.so.6"
     try:
-        lib = ctypes.CDLL(name)
-        libc = ctypes.CDLL(ctypes.util.find_library("c"))
+        lib = _library("libstdc++.so.6", "stdc++", "libstdc++.so.6")
+        libc = _library("libc.so.6", "c", None)
     except OSError:
         return None
     fn = lib.__cxa_demangle

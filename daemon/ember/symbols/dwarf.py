@@ -30,8 +30,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from elftools.dwarf.ranges import BaseAddressEntry
-
 from ..cache import BoundedCache
 from ..errors import DwarfError
 
@@ -293,6 +291,8 @@ class DwarfLines:
             return [(lo, hi)] if hi > lo else []
         if "DW_AT_ranges" not in attrs:
             return []
+        from elftools.dwarf.ranges import BaseAddressEntry  # only with lines (15 ms)
+
         lists = self._dwarf.range_lists()
         if lists is None:
             return []

@@ -154,6 +154,20 @@ class ElfSymbols:
                 return offset - seg.offset + seg.vaddr
         return None
 
+    def vaddrs_of_offsets(self, offsets: npt.NDArray[np.uint64]
+                          ) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.bool_]]:
+        """vaddr_of_offset of many file offsets at once: (virtual addresses,
+        which of them a PT_LOAD header covers); the first header covering
+        an offset wins, as there."""
+        vaddrs = np.zeros(len(offsets), dtype=np.uint64)
+        found = np.zeros(len(offsets), dtype=bool)
+        for seg in self.segments:
+            inside = ~found & (offsets >= np.uint64(seg.offset)) & (
+                offsets < np.uint64(seg.offset + max(seg.filesz, 1)))
+            vaddrs[inside] = offsets[inside] - np.uint64(seg.offset) + np.uint64(seg.vaddr)
+            found |= inside
+        return vaddrs, found
+
     def lookup(self, vaddr: int) -> tuple[str, int] | None:
         """(symbol name, offset into it) for an ELF virtual address."""
         return self.index.lookup(vaddr)
@@ -256,19 +270,27 @@ class SymbolIndex:
             return None
         return self.name(i), vaddr - self._starts[i]
 
-    def lookup_many(self, vaddrs: Sequence[int]) -> list[tuple[str, int] | None]:
-        """One vectorized search for many addresses."""
+    def search(self, vaddrs: npt.NDArray[np.uint64]
+               ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.uint64]]:
+        """lookup() of many addresses as arrays, in one vectorized search:
+        (the symbol of each, -1 where none; the offset into it, 0 where
+        none). Names are left to the caller (name(i)), once per symbol."""
         if not len(self._starts):
-            return [None] * len(vaddrs)
-        q = np.array(vaddrs, dtype=np.uint64)
-        idx = np.searchsorted(self._np_starts, q, side="right").astype(np.int64) - 1
+            return (np.full(len(vaddrs), -1, dtype=np.int64),
+                    np.zeros(len(vaddrs), dtype=np.uint64))
+        idx = np.searchsorted(self._np_starts, vaddrs, side="right").astype(np.int64) - 1
         safe = np.maximum(idx, 0)
-        hit = (idx >= 0) & (q < self._np_ends[safe])
-        offsets = (q - self._np_starts[safe]).tolist()
+        hit = (idx >= 0) & (vaddrs < self._np_ends[safe])
+        return (np.where(hit, idx, -1),
+                np.where(hit, vaddrs - self._np_starts[safe], np.uint64(0)))
+
+    def lookup_many(self, vaddrs: Sequence[int]) -> list[tuple[str, int] | None]:
+        """lookup() of many addresses, in one vectorized search."""
+        idx, offsets = self.search(np.array(vaddrs, dtype=np.uint64))
         names: dict[int, str] = {}
         out: list[tuple[str, int] | None] = []
-        for i, ok, off in zip(safe.tolist(), hit.tolist(), offsets, strict=True):
-            if not ok:
+        for i, off in zip(idx.tolist(), offsets.tolist(), strict=True):
+            if i < 0:
                 out.append(None)
                 continue
             name = names.get(i)

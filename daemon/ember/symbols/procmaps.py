@@ -18,6 +18,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+import numpy.typing as npt
+
 from ..cache import BoundedCache
 
 log = logging.getLogger(__name__)
@@ -90,6 +93,17 @@ class Process:
             return self.maps[i]
         return None
 
+    def find_many(self, addresses: npt.NDArray[np.uint64]) -> npt.NDArray[np.int64]:
+        """find() of many addresses in one vectorized search: the index in
+        maps of the mapping covering each, -1 where none does."""
+        if not self.maps:
+            return np.full(len(addresses), -1, dtype=np.int64)
+        starts = np.array(self._starts, dtype=np.uint64)
+        ends = np.array([m.end for m in self.maps], dtype=np.uint64)
+        i = np.searchsorted(starts, addresses, side="right").astype(np.int64) - 1
+        inside = (i >= 0) & (addresses < ends[np.maximum(i, 0)])
+        return np.where(inside, i, -1)
+
 
 def parse_stat(text: str) -> tuple[int, int]:
     """(flags, starttime) from /proc/PID/stat; comm may contain spaces and ')'."""
@@ -161,12 +175,16 @@ class ProcessTable:
         self._lock = threading.RLock()
 
     def refresh(self, pids: Iterable[int]) -> None:
+        """Read the maps of pids again. A process whose maps did not change
+        stays the same Process object: what was built from it (the
+        symbolizer's frames) stays valid."""
         for pid in set(pids):
             proc = self.procfs.read(pid)  # outside the lock: /proc reads are slow
             with self._lock:
                 known = self._table.get(pid)
                 if proc is not None:
-                    self._table.put(pid, (proc, self._round))
+                    same = known is not None and known[0] == proc
+                    self._table.put(pid, (known[0] if same and known else proc, self._round))
                 elif known is not None:
                     self._table.put(pid, (known[0], self._round))
 

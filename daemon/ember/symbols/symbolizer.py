@@ -6,6 +6,12 @@ no mapping covers it. Objects come from objects.py; what is built from them
 (frames per process and address, symbol lookups, the object of each
 mapping, perf maps) is memoized in bounded caches, since stacks share most
 of their addresses.
+
+Many addresses never seen before are named in batches instead of one at a
+time: grouped by mapping, each group one NumPy search of its object's
+symbols, each name decoded and demangled once (name_many for ember
+symbolize; prepare for the stacks of a drain's new processes, whose frames
+it memoizes for user_frames).
 """
 
 from __future__ import annotations
@@ -13,8 +19,13 @@ from __future__ import annotations
 import io
 import logging
 import os
-from collections.abc import Sequence
+import weakref
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
 
 from ..cache import BoundedCache
 from ..errors import ElfError
@@ -28,6 +39,35 @@ from .perfmap import PerfMap
 from .procmaps import MapEntry, Process, ProcessTable
 
 log = logging.getLogger(__name__)
+
+#: What lookup() gives: (demangled name, raw name, offset into the function).
+Named = tuple[str, str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class NamedAddresses:
+    """Many addresses of one process as name_many found them, in arrays
+    (one Python object per function, not per address): address k is inside
+    maps[where[k]] (where[k] < 0: no mapping covers it) and, where
+    symbol[k] >= 0, in the function names[symbol[k]] (raw[symbol[k]] as
+    the symbol table has it) at offset[k] into it."""
+
+    maps: tuple[MapEntry, ...]
+    where: npt.NDArray[np.int64]
+    symbol: npt.NDArray[np.int64]
+    offset: npt.NDArray[np.uint64]
+    names: list[str]
+    raw: list[str]
+
+    def __len__(self) -> int:
+        return len(self.where)
+
+    def __getitem__(self, k: int) -> tuple[MapEntry | None, Named | None]:
+        """Address k as Process.find and Symbolizer.lookup give it."""
+        at, s = int(self.where[k]), int(self.symbol[k])
+        return (self.maps[at] if at >= 0 else None,
+                (self.names[s], self.raw[s], int(self.offset[k])) if s >= 0 else None)
+
 
 #: A user frame memo: the process it was built for, its frames, how many unnamed.
 _Built = tuple[Process | None, tuple[Frame, ...], int]
@@ -60,6 +100,9 @@ class Symbolizer:
         # pid -> the round its maps were last re-read on a miss
         self._reread: BoundedCache[int, int] = BoundedCache("maps_rereads", 1 << 16,
                                                            entry_bytes=100)
+        # pid -> its maps when prepare() last named its stacks (not kept alive)
+        self._prepared: BoundedCache[int, weakref.ref[Process]] = BoundedCache(
+            "prepared_processes", 1 << 16, entry_bytes=100)
         self._vdso: ElfSymbols | None = None
         self._vdso_read = False
 
@@ -81,13 +124,9 @@ class Symbolizer:
                 unknown += hit[2]
                 continue
             entry = proc.find(ip) if proc else None
-            if entry is None and proc is not None and self._reread.get(pid) != self.processes.round:
-                # maps change without an exec (dlopen, JIT): read them again,
-                # once per drain and process
-                self._reread.put(pid, self.processes.round)
-                self.processes.refresh([pid])
-                fresh = self.processes.get(pid)
-                if fresh is not None and fresh is not proc:
+            if entry is None and proc is not None:
+                fresh = self._maps_again(pid, proc)
+                if fresh is not proc:
                     proc = fresh
                     entry = proc.find(ip)
             if entry is None:
@@ -106,6 +145,72 @@ class Symbolizer:
                 self._frames.put((pid, ip, i > 0), (proc, built, missed))
         self.stats.unknown_frames = unknown
         return frames
+
+    def _maps_again(self, pid: int, proc: Process) -> Process:
+        """The process as its maps are now, after an address missed them:
+        maps change without an exec (dlopen, JIT), so they are read again,
+        once per drain and process. proc itself when not read again or not
+        changed."""
+        if self._reread.get(pid) == self.processes.round:
+            return proc
+        self._reread.put(pid, self.processes.round)
+        self.processes.refresh([pid])
+        return self.processes.get(pid) or proc
+
+    def prepare(self, stacks: Iterable[tuple[int, Sequence[int]]]) -> None:
+        """Before a drain's user_frames calls: the user stacks (pid, leaf
+        first) of processes not prepared yet with their current maps (new
+        processes, changed maps) named in one batch per process, their
+        frames memoized as user_frames would build them. A process prepared
+        before costs one look-up per drain, so a warm drain pays nothing."""
+        if self.lines:
+            return  # inlined frames come from DWARF one address at a time
+        by_pid: dict[int, list[Sequence[int]]] = {}
+        for pid, ips in stacks:
+            by_pid.setdefault(pid, []).append(ips)
+        for pid, group in by_pid.items():
+            proc = self.processes.get(pid)
+            seen = self._prepared.get(pid)
+            if proc is not None and (seen is None or seen() is not proc):
+                self._prepare(pid, proc, group)
+
+    def _prepare(self, pid: int, proc: Process, stacks: list[Sequence[int]]) -> None:
+        """The frames of the distinct addresses of stacks that a file-backed
+        mapping and a function name, put in the frames memo in the order
+        the stacks have them (the others are left to user_frames). An
+        address outside the maps has them read again first, as user_frames
+        would."""
+        keys = list(dict.fromkeys((ip, i > 0) for ips in stacks for i, ip in enumerate(ips)))
+        keys = keys[:self._frames.max_entries // 2]  # would evict each other
+        ips = np.array([ip for ip, _ in keys], dtype=np.uint64)
+        where = proc.find_many(ips)
+        if bool((where < 0).any()) and (fresh := self._maps_again(pid, proc)) is not proc:
+            proc, where = fresh, fresh.find_many(ips)
+        self._prepared.put(pid, weakref.ref(proc))
+        self._memoize(pid, proc, keys, ips, where)
+
+    def _memoize(self, pid: int, proc: Process, keys: list[tuple[int, bool]],
+                 ips: npt.NDArray[np.uint64], where: npt.NDArray[np.int64]) -> None:
+        """Frames of keys (address, is a return address) found in the
+        mappings where says, named in one batch per mapping."""
+        looked = ips - np.array([ret for _, ret in keys], dtype=np.uint64)
+        symbol = np.full(len(keys), -1, dtype=np.int64)
+        named: list[tuple[str, str, Mapping]] = []
+        for i, positions in _groups(where):
+            entry = proc.maps[i]
+            if entry.file_backed:
+                positions = positions[looked[positions] >= np.uint64(entry.start)]
+                found, _, functions = self.lookup_many(pid, entry, looked[positions])
+                hit = found >= 0
+                symbol[positions[hit]] = found[hit] + len(named)
+                mapping = self._mapping(pid, entry)
+                named += [(demangle(f), f, mapping) for f in functions]
+        put = self._frames.put
+        for (ip, ret), s in zip(keys, symbol.tolist(), strict=True):
+            if s >= 0:
+                name, raw, mapping = named[s]
+                put((pid, ip, ret), (proc, (Frame(name, FrameKind.USER, mapping, ip,
+                                                  raw if raw != name else ""),), 0))
 
     def _object(self, pid: int, entry: MapEntry) -> tuple[ObjectKey | None, ElfSymbols | None]:
         hit = self._object_and_mapping(pid, entry)
@@ -156,6 +261,49 @@ class Symbolizer:
             return self._lookups.get(mk)
         hit = obj.lookup(vaddr)
         return self._lookups.put(mk, (demangle(hit[0]), hit[0], hit[1]) if hit else None)
+
+    def lookup_many(self, pid: int, entry: MapEntry, addresses: npt.NDArray[np.uint64]
+                    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.uint64], list[str]]:
+        """lookup() of many runtime addresses inside entry, as arrays: for
+        address k, its function is names[symbol[k]] (the raw names;
+        symbol[k] < 0: none) at offset[k] into it. Virtual addresses and
+        symbols are found with one vectorized search each, names decoded
+        once per function."""
+        key, obj = self._object(pid, entry)
+        if obj is None or key is None:
+            return (np.full(len(addresses), -1, dtype=np.int64),
+                    np.zeros(len(addresses), dtype=np.uint64), [])
+        offsets = addresses - np.uint64(entry.start) + np.uint64(entry.offset)
+        vaddrs, mapped = obj.vaddrs_of_offsets(offsets)
+        found, into = obj.index.search(vaddrs)
+        found[~mapped] = -1
+        hit = found >= 0
+        functions, symbol = np.unique(found[hit], return_inverse=True)
+        found[hit] = symbol
+        return found, into, [obj.index.name(i) for i in functions.tolist()]
+
+    def name_many(self, pid: int, addresses: Sequence[int]) -> NamedAddresses:
+        """find() and lookup() of many addresses of pid (0 to 2**64 - 1,
+        taken as they are: no return-address adjustment), as arrays: grouped
+        by mapping with one vectorized search of the maps, each group named
+        by lookup_many, each name demangled once. The maps are not re-read
+        and no frame is memoized: this is for many distinct addresses at
+        once (ember symbolize)."""
+        proc = self.processes.get(pid)
+        q = np.array(addresses, dtype=np.uint64)
+        where = proc.find_many(q) if proc is not None else np.full(len(q), -1, dtype=np.int64)
+        symbol = np.full(len(q), -1, dtype=np.int64)
+        offset = np.zeros(len(q), dtype=np.uint64)
+        raw: list[str] = []
+        maps = proc.maps if proc is not None else ()
+        for i, positions in _groups(where):
+            if maps[i].file_backed:
+                found, into, names = self.lookup_many(pid, maps[i], q[positions])
+                hit = found >= 0
+                symbol[positions[hit]] = found[hit] + len(raw)
+                offset[positions[hit]] = into[hit]
+                raw += names
+        return NamedAddresses(maps, where, symbol, offset, [demangle(n) for n in raw], raw)
 
     def source_lines(self, pid: int, entry: MapEntry, address: int) -> list[SourceLine]:
         """DWARF lines of a runtime address inside entry, innermost first."""
@@ -258,3 +406,14 @@ class Symbolizer:
                 self.stats.unknown_frames += 1
             frames.append(frame)
         return frames
+
+
+def _groups(where: npt.NDArray[np.int64]) -> list[tuple[int, npt.NDArray[np.intp]]]:
+    """(value, the positions holding it, in order) for each value >= 0 in where."""
+    if not len(where):
+        return []
+    order = np.argsort(where, kind="stable")
+    ordered = where[order]
+    cuts = (np.flatnonzero(ordered[1:] != ordered[:-1]) + 1).tolist()
+    return [(int(ordered[a]), order[a:b])
+            for a, b in zip([0, *cuts], [*cuts, len(order)], strict=True) if ordered[a] >= 0]
