@@ -17,6 +17,7 @@ and a final ``drain(final=True)``, ``close``.
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
@@ -40,6 +41,9 @@ from .symbols.procmaps import ProcessWatcher
 from .symbols.symbolizer import Symbolizer
 
 log = logging.getLogger(__name__)
+
+#: The GIL switch interval while attached (Python's default: 5 ms).
+GIL_SWITCH_S = 0.0005
 
 
 @dataclass(frozen=True)
@@ -170,6 +174,10 @@ class Session:
 
     def attach(self) -> None:
         """Start reading new processes' maps, then attach every program."""
+        # The watcher thread must get the GIL within a fraction of a
+        # millisecond of a new process's exec, even while a drain runs: a
+        # process living 30 ms on a busy machine is gone otherwise.
+        sys.setswitchinterval(min(sys.getswitchinterval(), GIL_SWITCH_S))
         programs = [p.program for p in self.pipelines]
         self.watcher = ProcessWatcher(self.symbolizer.processes,
                                       lambda t: wait_new_processes(programs, t))

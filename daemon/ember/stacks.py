@@ -78,6 +78,8 @@ class SampleBuilder:
         records = [r for r in records if r.kind == kind]
         procs = self.symbolizer.processes
         procs.touch({r.pid for r in records} | {r.peer_pid for r in records if r.peer_pid})
+        # a drain's new processes named in one batch each (the warm path skips it)
+        self.symbolizer.prepare((r.pid, r.user.ips) for r in records if r.user.problem is None)
         samples = []
         for r in records:
             frames = self._stack(r.user, r.kernel, r.pid)
