@@ -10,6 +10,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -107,3 +108,25 @@ def prog_stats(pid: int) -> tuple[int, int]:
 def map_memory(pid: int) -> int:
     """Kernel memory (memlock) of the BPF maps process pid holds."""
     return sum(int(f["memlock"]) for f in fdinfo(pid) if "map_type" in f and "memlock" in f)
+
+
+def symbolize_passes(pid: int) -> dict[str, Callable[[list[int]], None]]:
+    """One pass of ember's symbolizer and one of bcc's BPF.sym over the same
+    addresses of a live process, one address per call (leaf-first: no
+    return-address adjustment). Each keeps its own caches across passes."""
+    from bcc import BPF
+
+    from ember.symbols.procmaps import ProcessTable
+    from ember.symbols.symbolizer import Symbolizer
+
+    sym = Symbolizer(ProcessTable())
+
+    def ember_pass(a: list[int]) -> None:
+        for x in a:
+            sym.user_frames(pid, [x])
+
+    def bcc_pass(a: list[int]) -> None:
+        for x in a:
+            BPF.sym(x, pid, show_module=True)
+
+    return {"ember": ember_pass, "bcc": bcc_pass}

@@ -23,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import ROOT, need_root, status_kb
+from common import ROOT, need_root, status_kb, symbolize_passes
 from ember.symbols.diskcache import DiskSymbolCache
 from ember.symbols.elf import ElfSymbols
 from ember.symbols.objects import ObjectCache
@@ -106,16 +106,8 @@ def main() -> None:
         assert proc.stdout is not None and proc.stdout.readline().startswith("ready")
         pid = proc.pid
         addrs = addresses(pid, args.addresses, random.Random(7))
-        sym = Symbolizer(ProcessTable())
-
-        def ember_pass(a: list[int]) -> None:
-            # one leaf-first call per address: no return-address adjustment
-            for x in a:
-                sym.user_frames(pid, [x])
-
-        def bcc_pass(a: list[int]) -> None:
-            for x in a:
-                BPF.sym(x, pid, show_module=True)
+        passes = symbolize_passes(pid)
+        ember_pass, bcc_pass = passes["ember"], passes["bcc"]
 
         ember_cold, ember_warm = rate(ember_pass, addrs), rate(ember_pass, addrs)
         with tempfile.TemporaryDirectory() as d:

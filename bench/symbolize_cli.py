@@ -26,17 +26,15 @@ import os
 import random
 import resource
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 from symbolize import addresses, rate
 
-from common import ROOT, need_root
+from common import ROOT, need_root, spread, symbolize_passes
 
 BCC_SCRIPT = """\
 import sys
@@ -61,10 +59,6 @@ def timed(cmd: list[str], stdin: Path, env: dict[str, str], out: int | None
         wall = time.perf_counter() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-
-
-def spread(xs: list[float]) -> str:
-    return f"{min(xs):7.3f} {statistics.median(xs):7.3f} {max(xs):7.3f}"
 
 
 def same_offsets(ember_out: str, bcc_out: str) -> tuple[int, int]:
@@ -98,7 +92,7 @@ def whole_processes(pid: int, addrs: list[int], rounds: int, daemon: Path) -> No
         for r in range(rounds):
             for name in (("ember", "bcc") if r % 2 == 0 else ("bcc", "ember")):
                 times[name].append(timed(commands[name], stdin, env, subprocess.DEVNULL))
-    print(f"{len(addrs)} distinct addresses of {pid}, {rounds} rounds, seconds min median max")
+    print(f"{len(addrs)} distinct addresses of {pid}, {rounds} rounds, seconds: median (min-max)")
     for name in commands:
         print(f"  {name:5} wall {spread([w for w, _ in times[name]])}"
               f"   cpu {spread([c for _, c in times[name]])}")
@@ -111,29 +105,14 @@ def whole_processes(pid: int, addrs: list[int], rounds: int, daemon: Path) -> No
 def warm(pid: int, addrs: list[int], rounds: int) -> None:
     """Addresses seen before, in this process: what the agent meets at every
     drain (ember's frames memo against bcc's own cache)."""
-    from bcc import BPF
-
-    from ember.symbols.procmaps import ProcessTable
-    from ember.symbols.symbolizer import Symbolizer
-
-    sym = Symbolizer(ProcessTable())
-
-    def ember_pass(a: list[int]) -> None:
-        for x in a:
-            sym.user_frames(pid, [x])
-
-    def bcc_pass(a: list[int]) -> None:
-        for x in a:
-            BPF.sym(x, pid, show_module=True)
-
-    passes: dict[str, Callable[[list[int]], None]] = {"ember": ember_pass, "bcc": bcc_pass}
+    passes = symbolize_passes(pid)
     for fn in passes.values():
         fn(addrs)  # the cold pass
     ratios = []
     for _ in range(rounds):
-        ratios.append(rate(ember_pass, addrs) / rate(bcc_pass, addrs))
+        ratios.append(rate(passes["ember"], addrs) / rate(passes["bcc"], addrs))
     print(f"warm, {len(addrs)} addresses seen before, in one process: "
-          f"ember/bcc addresses per second {spread(ratios)} (min median max)")
+          f"ember/bcc addresses per second {spread(ratios)} (median (min-max))")
 
 
 def main() -> None:

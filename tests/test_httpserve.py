@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import ssl
-import subprocess
 from collections.abc import Iterator
 from http.server import ThreadingHTTPServer
 from pathlib import Path
@@ -16,6 +15,7 @@ import pytest
 from ember.errors import ConfigError, EmberError, UsageError
 from ember.httpserve import Reply, fetch, serve
 from tests.support.net import free_port
+from tests.support.tls import self_signed
 
 SEEN: list[tuple[str, dict[str, list[str]], str]] = []
 
@@ -91,10 +91,7 @@ def test_unusable_ca_file(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(not Path("/usr/bin/openssl").exists(), reason="openssl not installed")
 def test_https_checked_against_the_ca(tmp_path: Path) -> None:
-    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-                    "-subj", "/CN=localhost", "-addext", "subjectAltName=IP:127.0.0.1",
-                    "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)
+    key, cert = self_signed(tmp_path)
     tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     tls.load_cert_chain(cert, key)
     s = serve("127.0.0.1:0", router, "test", tls=tls)

@@ -26,6 +26,7 @@ from ember.proto import profile_pb2 as pb
 from ember.proto import profilestore_pb2 as ps
 from ember.proto import profilestore_pb2_grpc as ps_grpc
 from tests.support.collector import series
+from tests.support.tls import self_signed
 
 
 def start(tmp_path: Path, **kw: object) -> Collector:
@@ -207,10 +208,7 @@ def test_retention_by_age_and_size(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(not Path("/usr/bin/openssl").exists(), reason="openssl not installed")
 def test_tls_grpc_and_https_query(tmp_path: Path) -> None:
-    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-                    "-subj", "/CN=localhost", "-addext", "subjectAltName=IP:127.0.0.1",
-                    "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)
+    key, cert = self_signed(tmp_path)
     token = tmp_path / "token"
     token.write_text("t0k")
     c = start(tmp_path, tls_cert=str(cert), tls_key=str(key), token_file=str(token))
