@@ -1,12 +1,14 @@
 """The web UI of a collector with a token, through ``Collector.handle``: its
 static files for anyone (so a person can load the page and sign in), every
-API route still only with the token. The browser side is
+API route still only with the token, and a page whose markup cannot put the
+token in a URL or hand it to a graph's script. The browser side is
 tests/bpf/test_web_ui.py."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
@@ -67,3 +69,30 @@ def test_health_and_metrics_stay_open(collector: Collector) -> None:
     assert code == 200 and b"ember_collector_queries_total" in body
     assert TOKEN.encode() not in body
 
+
+class _Tags(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.tags: list[tuple[str, dict[str, str | None]]] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.tags.append((tag, dict(attrs)))
+
+
+def test_page_markup_keeps_the_token_out_of_urls_and_graphs(collector: Collector) -> None:
+    parser = _Tags()
+    parser.feed(collector.handle("/", {}, "")[1].decode())
+    of = {tag: [a for t, a in parser.tags if t == tag]
+          for tag in ("form", "input", "iframe", "script", "link")}
+    assert len(of["form"]) == 1
+    password = [a for a in of["input"] if a.get("type") == "password"]
+    # no name: a form submission, even without the script, serializes no token
+    assert len(password) == 1 and "name" not in password[0]
+    # the graphs' own scripts run in an opaque origin: no access to sessionStorage
+    assert len(of["iframe"]) == 2
+    for frame in of["iframe"]:
+        assert "allow-scripts" in (frame.get("sandbox") or "")
+        assert "allow-same-origin" not in (frame.get("sandbox") or "allow-same-origin")
+    # everything from the collector itself: no CDN
+    assert [a.get("src") for a in of["script"]] == ["/ui/app.js"]
+    assert [a.get("href") for a in of["link"]] == ["/ui/style.css"]
