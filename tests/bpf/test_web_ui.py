@@ -44,9 +44,19 @@ def _filled(start_workload: Any, tmp_path: Path,
     try:
         with running_agent(cfg):
             time.sleep(4)
+            deadline = time.monotonic() + 60  # a loaded machine attaches and ships late
+            while not _has_data(c) and time.monotonic() < deadline:
+                time.sleep(0.5)
         yield c, {"cpu_shares": cpu.pid, "offcpu_waits": off.pid}
     finally:
         c.close()
+
+
+def _has_data(c: Collector) -> bool:
+    """Whether the collector has what the tests draw: on-CPU profiles of
+    cpu_shares and off-CPU profiles of offcpu_waits."""
+    return all(c.api.handle("/api/v1/top", {"type": [kind], "match": [f"comm={comm}"]})[0] == 200
+               for kind, comm in (("cpu", "cpu_shares"), ("offcpu", "offcpu_waits")))
 
 
 @pytest.fixture
