@@ -249,7 +249,7 @@ def test_ui_sign_in_with_token(token_collector: Collector, tmp_path: Path) -> No
         browser.close()
 
     urls = [u for u, _ in seen] + frame_urls
-    assert not [u for u in urls if TOKEN in u]
+    assert not [u for u in urls if TOKEN in u or "wrong-token" in u]
     signed = [i for i, (_, auth) in enumerate(seen) if auth == f"Bearer {TOKEN}"]
     later_api = [auth for u, auth in seen[signed[0]:] if "/api/v1/" in u]
     assert len(later_api) >= 10 and set(later_api) == {f"Bearer {TOKEN}"}, later_api
