@@ -1,5 +1,6 @@
 """The collector's web UI in a real browser (Debian's chromium driven by
-Playwright), against a collector filled by a real agent."""
+Playwright), against a collector filled by a real agent: without a token,
+and with one, where a person signs in and the token never shows in a URL."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ import io
 import shutil
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -19,24 +22,55 @@ from tests.support.net import free_port
 
 pytestmark = pytest.mark.bpf
 CHROMIUM = "/usr/bin/chromium"
+TOKEN = "ui-t0ken-9f3a7c"  # distinctive: searched for in every URL the page requested
+BROWSER_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                "--disable-component-update", "--disable-sync", "--disable-quic"]
 
+
+@contextmanager
+def _filled(start_workload: Any, tmp_path: Path,
+            token_file: str = "") -> Iterator[tuple[Collector, dict[str, int]]]:
+    """A collector (with token_file, if given) that a real agent filled for
+    a few seconds from two workloads."""
+    cpu, off = start_workload("cpu_shares"), start_workload("offcpu_waits")
+    port = free_port()
+    c = Collector(CollectorConfig(grpc_listen=f"127.0.0.1:{port}", http_listen="127.0.0.1:0",
+                                  storage=str(tmp_path / "db.sqlite"), token_file=token_file))
+    c.start()
+    cfg = config.override(AgentConfig(), collector=f"127.0.0.1:{port}", interval=1.0,
+                          frequency=199, metrics_listen="127.0.0.1:0",
+                          spool_dir=str(tmp_path / "spool"), token_file=token_file,
+                          targets=Targets(pids=(cpu.pid, off.pid)))
+    try:
+        with running_agent(cfg):
+            time.sleep(4)
+            deadline = time.monotonic() + 60  # a loaded machine attaches and ships late
+            while not _has_data(c) and time.monotonic() < deadline:
+                time.sleep(0.5)
+        yield c, {"cpu_shares": cpu.pid, "offcpu_waits": off.pid}
+    finally:
+        c.close()
+
+
+def _has_data(c: Collector) -> bool:
+    """Whether the collector has what the tests draw: on-CPU profiles of
+    cpu_shares and off-CPU profiles of offcpu_waits."""
+    return all(c.api.handle("/api/v1/top", {"type": [kind], "match": [f"comm={comm}"]})[0] == 200
+               for kind, comm in (("cpu", "cpu_shares"), ("offcpu", "offcpu_waits")))
 
 
 @pytest.fixture
 def filled_collector(start_workload, tmp_path: Path) -> Iterator[tuple[Collector, dict[str, int]]]:  # type: ignore[no-untyped-def]
-    cpu, off = start_workload("cpu_shares"), start_workload("offcpu_waits")
-    port = free_port()
-    c = Collector(CollectorConfig(grpc_listen=f"127.0.0.1:{port}", http_listen="127.0.0.1:0",
-                                  storage=str(tmp_path / "db.sqlite")))
-    c.start()
-    cfg = config.override(AgentConfig(), collector=f"127.0.0.1:{port}", interval=1.0,
-                          frequency=199, metrics_listen="127.0.0.1:0",
-                          spool_dir=str(tmp_path / "spool"),
-                          targets=Targets(pids=(cpu.pid, off.pid)))
-    with running_agent(cfg):
-        time.sleep(4)
-    yield c, {"cpu_shares": cpu.pid, "offcpu_waits": off.pid}
-    c.close()
+    with _filled(start_workload, tmp_path) as filled:
+        yield filled
+
+
+@pytest.fixture
+def token_collector(start_workload, tmp_path: Path) -> Iterator[Collector]:  # type: ignore[no-untyped-def]
+    token = tmp_path / "token"
+    token.write_text(TOKEN + "\n")
+    with _filled(start_workload, tmp_path, str(token)) as (c, _):
+        yield c
 
 
 def colours(png: bytes) -> tuple[int, int, int]:
@@ -50,15 +84,22 @@ def colours(png: bytes) -> tuple[int, int, int]:
     return len(set(pixels)), warm, blue
 
 
+def graph_frame(page: Any, selector: str) -> Any:
+    """The document a graph iframe shows: a blob: URL, as the page fetches
+    the SVG itself (with the token, when it has one)."""
+    handle = page.locator(selector).element_handle()
+    frame = handle.content_frame() if handle is not None else None
+    assert frame is not None and frame.url.startswith("blob:"), frame
+    return frame
+
+
 @pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="chromium not installed")
 def test_ui_zoom_search_offcpu_and_diff(filled_collector, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     playwright = pytest.importorskip("playwright.sync_api")
     collector, pids = filled_collector
     url = f"http://127.0.0.1:{collector.http_port}/"
     with playwright.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=[
-            "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-            "--disable-component-update", "--disable-sync", "--disable-quic"])
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=BROWSER_ARGS)
         page = browser.new_page(viewport={"width": 1500, "height": 1000})
         page.goto(url)
         flame = page.frame_locator("#flame")
@@ -69,10 +110,12 @@ def test_ui_zoom_search_offcpu_and_diff(filled_collector, tmp_path: Path) -> Non
         shot = page.screenshot(path=str(tmp_path / "cpu.png"))
         n, warm, _ = colours(shot)
         assert n > 30 and warm > 5000, (n, warm)
+        # no token on the collector: no sign-in form, no sign-out button
+        assert page.locator("#signin-box").is_hidden()
+        assert page.locator("#sign-out").is_hidden()
 
         # click a frame: it fills the width, its siblings go
-        frame = page.frame(url=lambda u: "/api/v1/flamegraph" in u)
-        assert frame is not None
+        frame = graph_frame(page, "#flame")
         frame.locator("g.f[data-n='work_b'] rect").first.click()
         assert "hidden" not in (frame.locator("#reset").get_attribute("class") or "")
         width = float(frame.locator("g.f[data-n='work_b'] rect").first.get_attribute("width") or 0)
@@ -130,3 +173,84 @@ def test_ui_zoom_search_offcpu_and_diff(filled_collector, tmp_path: Path) -> Non
     for name in ("cpu", "search", "offcpu", "diff"):
         shutil.copy(tmp_path / f"{name}.png", Path("/tmp") / f"ember-ui-{name}.png")
     del pids
+
+
+@pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="chromium not installed")
+def test_ui_sign_in_with_token(token_collector: Collector, tmp_path: Path) -> None:
+    playwright = pytest.importorskip("playwright.sync_api")
+    from ember.encode.pprof import decode_pprof
+
+    url = f"http://127.0.0.1:{token_collector.http_port}/"
+    seen: list[tuple[str, str | None]] = []  # (URL, Authorization) of every request
+    with playwright.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=BROWSER_ARGS)
+        page = browser.new_page(viewport={"width": 1500, "height": 1000})
+        page.on("request", lambda r: seen.append((r.url, r.headers.get("authorization"))))
+        page.goto(url)
+        # the page itself loads without the token, then asks for it
+        page.locator("#signin-box").wait_for(timeout=10_000)
+        assert page.get_attribute("#token", "type") == "password"
+        assert page.locator("#sign-out").is_hidden()
+
+        # a wrong token: refused with a message, and the form again
+        page.fill("#token", "wrong-token")
+        page.click("#signin button[type=submit]")
+        page.wait_for_function(
+            "document.getElementById('signin-message').textContent.includes('refused')")
+        assert page.locator("#signin-box").is_visible()
+        assert page.evaluate("sessionStorage.length") == 0
+
+        # the right one: a drawn flame graph, the token in sessionStorage only
+        page.fill("#token", TOKEN)
+        page.press("#token", "Enter")
+        page.frame_locator("#flame").locator("g.f[data-n='work_b']").first.wait_for(
+            timeout=20_000)
+        assert page.locator("#signin-box").is_hidden()
+        assert page.locator("#sign-out").is_visible()
+        page.locator("#top tbody tr").first.wait_for()
+        assert page.locator("#top tbody tr td").first.inner_text() == "spin"
+        n, warm, _ = colours(page.screenshot(path=str(tmp_path / "signed-in.png")))
+        assert n > 30 and warm > 5000, (n, warm)
+        # the graph's own script runs sandboxed: it cannot read the token
+        reach = graph_frame(page, "#flame").evaluate(
+            "() => { try { return parent.sessionStorage.getItem('ember.token'); }"
+            " catch (e) { return e.name; } }")
+        assert reach == "SecurityError", reach
+        assert page.evaluate("sessionStorage.getItem('ember.token')") == TOKEN
+        assert page.evaluate("[localStorage.length, document.cookie]") == [0, ""]
+
+        # a download is fetched with the header and saved from a blob
+        with page.expect_download() as info:
+            page.click("#download-pprof")
+        download = info.value
+        assert download.suggested_filename == "ember-cpu.pb.gz"
+        assert "spin" in decode_pprof(Path(download.path()).read_bytes()).string_table
+        # and so is the differential graph
+        page.click("#compare")
+        title = page.frame_locator("#diff").locator("#title")
+        title.wait_for(timeout=20_000)
+        assert "Differential" in (title.text_content() or "")
+
+        # a reload in the same tab stays signed in
+        page.reload()
+        page.frame_locator("#flame").locator("g.f[data-n='work_b']").first.wait_for(
+            timeout=20_000)
+        assert page.locator("#signin-box").is_hidden()
+        frame_urls = [f.url for f in page.frames]
+
+        # sign out: the token and the profile data go, the form comes back
+        page.click("#sign-out")
+        page.locator("#signin-box").wait_for()
+        assert page.inner_text("#signin-message") == "Signed out."
+        assert page.evaluate("sessionStorage.length") == 0
+        assert page.locator("#top tbody tr").count() == 0
+        assert page.evaluate("document.getElementById('flame').src") == "about:blank"
+        assert page.url == url
+        browser.close()
+
+    urls = [u for u, _ in seen] + frame_urls
+    assert not [u for u in urls if TOKEN in u or "wrong-token" in u]
+    signed = [i for i, (_, auth) in enumerate(seen) if auth == f"Bearer {TOKEN}"]
+    later_api = [auth for u, auth in seen[signed[0]:] if "/api/v1/" in u]
+    assert len(later_api) >= 10 and set(later_api) == {f"Bearer {TOKEN}"}, later_api
+    shutil.copy(tmp_path / "signed-in.png", Path("/tmp/ember-ui-signed-in.png"))

@@ -185,6 +185,8 @@ def test_token_auth(tmp_path: Path) -> None:
         assert http(c, "/api/v1/labels")[0] == 401
         assert http(c, "/api/v1/labels", token="s3cret")[0] == 200
         assert http(c, "/healthz")[0] == 200
+        # the web UI loads without the token: the page asks a person for it
+        assert http(c, "/")[0] == 200 and http(c, "/ui/app.js")[0] == 200
     finally:
         c.close()
 

@@ -77,6 +77,27 @@ def test_collector_url_is_fetched_as_pprof(
         load(f"http://127.0.0.1:{free_port()}/api/v1/profile")
 
 
+def test_collector_url_with_token_and_ca(tmp_path: Path) -> None:
+    body = encode_pprof(cpu_profile())
+
+    def route(path: str, q: dict[str, list[str]], auth: str) -> tuple[int, bytes, str]:
+        if auth != "Bearer t0k":
+            return 401, b'{"error": "missing or wrong bearer token"}', "application/json"
+        return 200, body, "application/octet-stream"
+
+    server = serve("127.0.0.1:0", route, "test")
+    url = f"http://127.0.0.1:{server.server_address[1]}/api/v1/profile?type=cpu"
+    try:
+        assert "main" in load(url, token="t0k").kinds
+        with pytest.raises(UsageError, match="answered 401: missing or wrong bearer token"):
+            load(url)
+        with pytest.raises(UsageError, match="cannot use CA certificate"):
+            load(url.replace("http:", "https:"), token="t0k", cafile=str(tmp_path / "no.pem"))
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 def test_strip_hex_merges_addresses() -> None:
     assert strip_hex(Counter({"a;0x1f;b": 1, "a;0xAB;b": 2, "a;c": 3})) == Counter(
         {"a;0x?;b": 3, "a;c": 3})

@@ -1,5 +1,6 @@
 """What the subcommands share: the shape of a command, argument types that
-fail as one line, the output path check and atomic write, and the signal
+fail as one line, the collector access options of commands that read
+collector URLs, the output path check and atomic write, and the signal
 events that stop (and reload) long-running commands.
 
 Kept free of heavy imports: every command module imports it to build the
@@ -54,6 +55,22 @@ def float_arg(text: str) -> float:
         return float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+
+
+def add_collector_access(p: argparse.ArgumentParser) -> None:
+    """--token-file and --ca, for inputs that are collector URLs (the same
+    options as ``ember query``)."""
+    p.add_argument("--token-file", help="file with the collector's bearer token, sent when "
+                   "an input is a collector URL")
+    p.add_argument("--ca", help="CA certificate (PEM) for an https collector URL")
+
+
+def collector_token(args: argparse.Namespace) -> str:
+    """The bearer token of --token-file ('' without one); ConfigError when
+    the file cannot be read."""
+    from ..config import read_token
+
+    return read_token(args.token_file or "")
 
 
 def check_output(path: str | None) -> None:

@@ -1,11 +1,20 @@
 """``ember diff``: its arguments, and a run that renders a differential flame
-graph through the flamegraph stage (and, optionally, the two-column text)."""
+graph through the flamegraph stage (and, optionally, the two-column text).
+Inputs may be collector URLs, fetched with --token-file and --ca."""
 
 from __future__ import annotations
 
 import argparse
 
-from ._common import Command, check_output, int_arg, write, write_graph
+from ._common import (
+    Command,
+    add_collector_access,
+    check_output,
+    collector_token,
+    int_arg,
+    write,
+    write_graph,
+)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -21,15 +30,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--title")
     p.add_argument("--countname", default="samples")
     p.add_argument("--width", type=int_arg, default=1200)
+    add_collector_access(p)
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..flamegraph.graphs import diff
+    from ..flamegraph.graphs import diff_graph
+    from ..flamegraph.inputs import load
 
     if args.folded:
         check_output(args.folded)
-    text, two_column = diff(args.before, args.after, args.normalize, args.strip_hex,
-                            args.negate, args.title, args.countname, args.width)
+    token = collector_token(args)
+    before = load(args.before, args.countname, token=token, cafile=args.ca)
+    after = load(args.after, args.countname, token=token, cafile=args.ca)
+    text, two_column = diff_graph(before, after, args.normalize, args.strip_hex, args.negate,
+                                  args.title, args.countname, args.width)
     write_graph(args.output, text, args.title or "ember differential flame graph")
     if args.folded:
         write(args.folded, two_column.encode())
@@ -39,5 +53,7 @@ def run(args: argparse.Namespace) -> int:
 COMMAND = Command(
     name="diff", help="red/blue differential flame graph of two profiles",
     description="Shapes from AFTER; red where a frame grew, blue where it "
-                "shrank, intensity by the size of the change.",
+                "shrank, intensity by the size of the change. BEFORE and AFTER "
+                "may be collector query URLs (with --token-file and --ca when "
+                "the collector needs them).",
     add_arguments=add_arguments, run=run)

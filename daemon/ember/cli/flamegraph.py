@@ -1,12 +1,13 @@
 """``ember flamegraph``: its arguments, and a run that renders through the
-flamegraph stage and writes an SVG or an HTML page."""
+flamegraph stage and writes an SVG or an HTML page. Inputs may be collector
+URLs, fetched with --token-file and --ca."""
 
 from __future__ import annotations
 
 import argparse
 
 from ..errors import UsageError
-from ._common import Command, int_arg, write_graph
+from ._common import Command, add_collector_access, collector_token, int_arg, write_graph
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -22,21 +23,35 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="hot/cold: add this off-CPU profile; widths in time")
     p.add_argument("--frequency", type=int_arg,
                    help="hot/cold with folded on-CPU input: its sampling frequency")
+    add_collector_access(p)
+
+
+def _render(args: argparse.Namespace) -> str:
+    """The SVG: graphs.flamegraph's steps, with the inputs loaded here so
+    collector URLs get the token and CA."""
+    from ..flamegraph.graphs import graph, hotcold_graph
+    from ..flamegraph.inputs import as_time, load
+
+    token = collector_token(args)
+    hot = load(args.input, args.countname, token=token, cafile=args.ca)
+    if args.cold is None:
+        return graph(hot, args.title, args.countname, args.palette, args.inverted, args.width)
+    on = as_time(hot, args.frequency, args.input)
+    off = as_time(load(args.cold, "us", token=token, cafile=args.ca), args.frequency, args.cold)
+    return hotcold_graph(on, off, args.title, args.countname, args.palette, args.inverted,
+                         args.width)
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..flamegraph.graphs import flamegraph
-
     if args.width < 100:
         raise UsageError("--width must be at least 100")
-    text = flamegraph(args.input, args.title, args.countname, args.palette, args.inverted,
-                      args.width, args.cold, args.frequency)
-    write_graph(args.output, text, args.title or "ember flame graph")
+    write_graph(args.output, _render(args), args.title or "ember flame graph")
     return 0
 
 
 COMMAND = Command(
     name="flamegraph", help="render folded stacks or pprof as an interactive SVG",
     description="Render a flame graph: INPUT is folded stacks, a pprof "
-                "file, - (stdin), or a collector query URL.",
+                "file, - (stdin), or a collector query URL (with --token-file "
+                "and --ca when the collector needs them).",
     add_arguments=add_arguments, run=run)

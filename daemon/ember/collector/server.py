@@ -4,8 +4,12 @@ answers queries over HTTP (the routes are in api.py; here: /healthz,
 
 With a token configured, gRPC calls and API requests need
 ``authorization: Bearer TOKEN``; without one, listening beyond loopback is
-refused unless explicitly allowed. With tls_cert/tls_key, both servers
-speak TLS.
+refused unless explicitly allowed. The web UI's static files hold no secret
+and are served to anyone: the page asks a person for the token and sends it
+with each API request (collector/web/app.js). /healthz and /metrics stay
+open too: Prometheus and probes send no token, and the metrics are the
+collector's own counters, not profile data. With tls_cert/tls_key, both
+servers speak TLS.
 """
 
 from __future__ import annotations
@@ -167,16 +171,17 @@ class Collector:
 
     # --- HTTP ---
     def handle(self, path: str, query: dict[str, list[str]], auth: str) -> Reply:
-        """(status, body, content type) of one GET: health and metrics for
-        anyone, the rest with the token."""
+        """(status, body, content type) of one GET: health, metrics and the
+        web UI's files for anyone (the page signs in itself), the API only
+        with the token."""
         if path == "/healthz":
             return 200, b"ok\n", "text/plain"
         if path == "/metrics":
             return 200, generate_latest(self.registry), CONTENT_TYPE_LATEST
-        if not self.authorized(auth):
-            return error(401, "missing or wrong bearer token")
         if path == "/" or path.startswith("/ui/"):
             return web.asset(path)
+        if not self.authorized(auth):
+            return error(401, "missing or wrong bearer token")
         return self.api.handle(path, query)
 
     def _serve_http(self) -> None:

@@ -2,7 +2,8 @@
 
 A source is a folded-stacks file, a pprof file (gzip or not), ``-`` for
 standard input, or a collector query URL (http[s]://.../api/v1/profile?...,
-fetched as pprof). pprof inputs carry their unit: a time profile (cpu or
+fetched as pprof, with the collector's bearer token and CA when the caller
+has them). pprof inputs carry their unit: a time profile (cpu or
 off_cpu nanoseconds) is shown in ms/s; folded inputs are counts, or time
 when ``--countname`` is a time unit (ns, us, ms, s). Kept apart from the
 drawing (graphs.py) because the collector makes the same ``Stacks`` from
@@ -46,7 +47,7 @@ class Stacks:
         return float(sum(self.stacks.values()))
 
 
-def _read(source: str) -> bytes:
+def _read(source: str, token: str = "", cafile: str | None = None) -> bytes:
     if source == "-":
         return sys.stdin.buffer.read()
     if source.startswith(("http://", "https://")):
@@ -55,7 +56,7 @@ def _read(source: str) -> bytes:
         q["format"] = ["pprof"]
         full = url._replace(query=urllib.parse.urlencode(q, doseq=True)).geturl()
         try:
-            return fetch(full)
+            return fetch(full, token=token, cafile=cafile)
         except EmberError as exc:
             raise UsageError(f"cannot fetch {source}: {exc}") from None
     try:
@@ -64,8 +65,11 @@ def _read(source: str) -> bytes:
         raise UsageError(f"cannot read {source}: {exc.strerror}") from None
 
 
-def load(source: str, countname: str = "samples") -> Stacks:
-    data = _read(source)
+def load(source: str, countname: str = "samples", *, token: str = "",
+         cafile: str | None = None) -> Stacks:
+    """Stacks from a source; token and cafile only matter for a collector URL
+    (see ``httpserve.fetch``)."""
+    data = _read(source, token, cafile)
     text: str | None = None
     if data[:2] != b"\x1f\x8b":
         try:

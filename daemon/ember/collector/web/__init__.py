@@ -1,5 +1,9 @@
 """The collector's web UI: static files served from the package, no CDN, no
-build step (plain JavaScript against the collector's own JSON/SVG API)."""
+build step (plain JavaScript against the collector's own JSON/SVG API).
+
+The files hold no secret, so the collector serves them without a token; with
+a token configured, the page asks the person for it and sends it only in the
+Authorization header of its API requests (app.js)."""
 
 from __future__ import annotations
 
