@@ -102,9 +102,11 @@ class MemoryGovernor:
             if self.rss() < target:
                 break
         self.shrinks += 1
-        rss = self.rss()
+        released: dict[str, int] = {}
+        for r in reports:
+            released[r.cache] = released.get(r.cache, 0) + r.released
         log.warning("memory: RSS reached %.0f%% of memory_limit (%d MiB); caches shrunk "
                     "(%s), RSS now %d MiB", 100 * HIGH_WATER, self.limit >> 20,
-                    ", ".join(f"{r.cache} -{r.released >> 10} KiB" for r in reports),
-                    rss >> 20)
+                    ", ".join(f"{name} -{n >> 10} KiB" for name, n in released.items()),
+                    self.rss() >> 20)
         return reports

@@ -34,16 +34,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..flamegraph.graphs import diff_graph
-    from ..flamegraph.inputs import load
+    from ..flamegraph.graphs import diff
 
     if args.folded:
         check_output(args.folded)
-    token = collector_token(args)
-    before = load(args.before, args.countname, token=token, cafile=args.ca)
-    after = load(args.after, args.countname, token=token, cafile=args.ca)
-    text, two_column = diff_graph(before, after, args.normalize, args.strip_hex, args.negate,
-                                  args.title, args.countname, args.width)
+    text, two_column = diff(args.before, args.after, args.normalize, args.strip_hex,
+                            args.negate, args.title, args.countname, args.width,
+                            token=collector_token(args), cafile=args.ca)
     write_graph(args.output, text, args.title or "ember differential flame graph")
     if args.folded:
         write(args.folded, two_column.encode())

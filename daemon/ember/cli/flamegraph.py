@@ -26,26 +26,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_collector_access(p)
 
 
-def _render(args: argparse.Namespace) -> str:
-    """The SVG: graphs.flamegraph's steps, with the inputs loaded here so
-    collector URLs get the token and CA."""
-    from ..flamegraph.graphs import graph, hotcold_graph
-    from ..flamegraph.inputs import as_time, load
-
-    token = collector_token(args)
-    hot = load(args.input, args.countname, token=token, cafile=args.ca)
-    if args.cold is None:
-        return graph(hot, args.title, args.countname, args.palette, args.inverted, args.width)
-    on = as_time(hot, args.frequency, args.input)
-    off = as_time(load(args.cold, "us", token=token, cafile=args.ca), args.frequency, args.cold)
-    return hotcold_graph(on, off, args.title, args.countname, args.palette, args.inverted,
-                         args.width)
-
-
 def run(args: argparse.Namespace) -> int:
     if args.width < 100:
         raise UsageError("--width must be at least 100")
-    write_graph(args.output, _render(args), args.title or "ember flame graph")
+    from ..flamegraph.graphs import flamegraph
+
+    text = flamegraph(args.input, args.title, args.countname, args.palette, args.inverted,
+                      args.width, args.cold, args.frequency, token=collector_token(args),
+                      cafile=args.ca)
+    write_graph(args.output, text, args.title or "ember flame graph")
     return 0
 
 

@@ -50,20 +50,25 @@ def hotcold_graph(on: Stacks, off: Stacks, title: str | None = None,
 
 def flamegraph(source: str, title: str | None = None, countname: str = "samples",
                palette: str = "auto", inverted: bool = False, width: int = 1200,
-               cold: str | None = None, frequency: int | None = None) -> str:
-    hot = load(source, countname)
+               cold: str | None = None, frequency: int | None = None, *,
+               token: str = "", cafile: str | None = None) -> str:
+    """The SVG of a source (with cold, hot/cold); collector URLs are fetched
+    with the bearer token and checked against cafile."""
+    hot = load(source, countname, token=token, cafile=cafile)
     if cold is None:
         return graph(hot, title, countname, palette, inverted, width)
     on = as_time(hot, frequency, source)
-    off = as_time(load(cold, "us"), frequency, cold)
+    off = as_time(load(cold, "us", token=token, cafile=cafile), frequency, cold)
     return hotcold_graph(on, off, title, countname, palette, inverted, width)
 
 
 def diff(before_src: str, after_src: str, normalize: bool = False, strip: bool = False,
          negate: bool = False, title: str | None = None, countname: str = "samples",
-         width: int = 1200) -> tuple[str, str]:
+         width: int = 1200, *, token: str = "", cafile: str | None = None
+         ) -> tuple[str, str]:
     """(SVG, two-column folded diff "stack before after")."""
-    return diff_graph(load(before_src, countname), load(after_src, countname), normalize,
+    return diff_graph(load(before_src, countname, token=token, cafile=cafile),
+                      load(after_src, countname, token=token, cafile=cafile), normalize,
                       strip, negate, title, countname, width)
 
 
