@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import select
 import signal
 import socket
@@ -130,3 +131,13 @@ def symbolize_passes(pid: int) -> dict[str, Callable[[list[int]], None]]:
             BPF.sym(x, pid, show_module=True)
 
     return {"ember": ember_pass, "bcc": bcc_pass}
+
+
+def pipe_us(loops: int) -> float:
+    """Microseconds per pipe round trip (two context switches) on CPU 0."""
+    out = subprocess.run(["taskset", "-c", "0", "perf", "bench", "sched", "pipe", "-l",
+                          str(loops)], capture_output=True, text=True, check=True).stdout
+    m = re.search(r"([\d.]+)\s+usecs/op", out)
+    if not m:
+        raise RuntimeError(out)
+    return float(m.group(1))

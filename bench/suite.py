@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import signal
 import statistics
 import subprocess
@@ -50,6 +49,7 @@ from common import (
     free_port,
     map_memory,
     need_root,
+    pipe_us,
     prog_stats,
     spread,
     start_ember,
@@ -78,16 +78,6 @@ class BpfStats:
 
 
 # --- off-CPU cost per context switch -------------------------------------------
-
-def pipe_us(loops: int) -> float:
-    """Microseconds per pipe round trip (two context switches) on CPU 0."""
-    out = subprocess.run(["taskset", "-c", "0", "perf", "bench", "sched", "pipe", "-l",
-                          str(loops)], capture_output=True, text=True, check=True).stdout
-    m = re.search(r"([\d.]+)\s+usecs/op", out)
-    if not m:
-        raise RuntimeError(out)
-    return float(m.group(1))
-
 
 def floor_run(fn: str, loops: int) -> tuple[float, float]:
     from bcc import BPF

@@ -344,6 +344,8 @@ def test_memory_ceiling_holds_under_a_workload_that_needs_more(fixture_bin, tmp_
         assert needs - idle > 32 << 20, (idle >> 20, needs >> 20)  # the workload needs more
         limit = ((idle + needs) // 2) >> 20 << 20
         _, held, text = agent_rss(pids, tmp_path, f"{limit >> 20}MiB", 15, port)
+        print(f"\nmemory ceiling: idle {idle >> 20} MiB, unbounded peak {needs >> 20} MiB, "
+              f"limit {limit >> 20} MiB, peak under the limit {max(held) >> 20} MiB")
         assert max(held) <= limit, (max(held) >> 20, limit >> 20, idle >> 20, needs >> 20)
         evicted = counter(text, "ember_cache_evictions_total")
         shrunk = counter(text, "ember_memory_shrinks_total")

@@ -116,12 +116,14 @@ class Program:
         try:
             for hook in self.kind.all_hooks():
                 if not hook.optional or hook.point in optional:
-                    self._attach(hook, frequency)
+                    self.attach_hook(hook, frequency)
         except OSError as exc:
             self.detach()
             raise BpfError(f"attaching {_where(hook)} failed: {exc}") from None
 
-    def _attach(self, hook: Hook, frequency: int) -> None:
+    def attach_hook(self, hook: Hook, frequency: int = 99) -> None:
+        """Attach one hook (attach() does all of them, in order; this is for
+        measuring a program with one hook left out)."""
         prog = self._prog(hook)
         if hook.point == "perf_event":
             for cpu in syscalls.online_cpus():
