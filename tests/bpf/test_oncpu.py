@@ -23,8 +23,9 @@ FREQ = 999
 
 def test_function_shares_within_sampling_error(start_workload) -> None:  # type: ignore[no-untyped-def]
     w = start_workload("cpu_shares")
-    profile, rec, cpu = record_window(RecordOptions(pids=(w.pid,), frequency=FREQ), w.pid,
+    profile, rec, got = record_window(RecordOptions(pids=(w.pid,), frequency=FREQ), [w.pid],
                                       DURATION)
+    cpu = got.cpu
     mine = where(profile, lambda s: s.pid == w.pid)
     assert len(mine) == len(profile.samples), "the PID filter let other processes through"
     total = sum(s.values[0] for s in mine)

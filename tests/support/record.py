@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -88,33 +89,66 @@ def record_short_waits(binary: Path, sample_us: int, seconds: float = 3.0) -> Sh
                       {"wait_short": short_n, "wait_long": long_n})
 
 
+@dataclass(frozen=True)
+class Sched:
+    """What the scheduler counted of some threads (ns), from
+    /proc/PID/task/TID/schedstat: time on a CPU, and time runnable waiting
+    for one (run_delay). What a workload actually got on a shared machine,
+    where wall time says little."""
+
+    cpu: int = 0
+    run_delay: int = 0
+    wall: int = 0       # over a window: its length
+
+    def __sub__(self, other: Sched) -> Sched:
+        return Sched(self.cpu - other.cpu, self.run_delay - other.run_delay,
+                     self.wall - other.wall)
+
+    @property
+    def blocked(self) -> int:
+        """Over a window: the time the threads were neither running nor
+        waiting to run (per thread, summed)."""
+        return self.wall - self.cpu - self.run_delay
+
+
+def sched(pids: Iterable[int], thread: str | None = None) -> Sched:
+    """The scheduler's counts for the processes' threads (only those named
+    thread, if given), with the wall clock (times the number of threads
+    counted, so that ``blocked`` of a difference is per thread summed)."""
+    cpu = delay = n = 0
+    for pid in pids:
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            try:
+                if thread is not None and (task / "comm").read_text().strip() != thread:
+                    continue
+                run, wait = (task / "schedstat").read_text().split()[:2]
+            except (OSError, ValueError):
+                continue  # a thread that just exited
+            cpu, delay, n = cpu + int(run), delay + int(wait), n + 1
+    return Sched(cpu, delay, n * time.monotonic_ns())
+
+
 def cpu_ns(pid: int) -> int:
-    """CPU time the process's threads have received, from the scheduler's
-    own accounting (/proc/PID/task/TID/schedstat: run time in ns). What a
-    workload actually got on a shared machine, where wall time says little."""
-    total = 0
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            total += int((task / "schedstat").read_text().split()[0])
-        except (OSError, ValueError, IndexError):
-            continue  # a thread that just exited
-    return total
+    """CPU time the process's threads have received (schedstat)."""
+    return sched([pid]).cpu
 
 
-def record_window(options: RecordOptions, pid: int, seconds: float
-                  ) -> tuple[Profile, Recorder, int]:
+def record_window(options: RecordOptions, pids: Iterable[int], seconds: float,
+                  thread: str | None = None) -> tuple[Profile, Recorder, Sched]:
     """Record for ``seconds`` from the moment the programs are attached; also
-    the CPU time ``pid`` received in that window (read at its two ends, both
-    inside the attached period)."""
+    what the scheduler counted of the processes' threads (those named thread,
+    if given) in that window, read at its two ends, both inside the attached
+    period."""
+    pids = list(pids)
     recorder = Recorder(options)
     recorder.start()
     stop = threading.Event()
     out: dict[str, Profile] = {}
     t = threading.Thread(target=lambda: out.setdefault("p", recorder.run(stop)))
-    before = cpu_ns(pid)
+    before = sched(pids, thread)
     t.start()
     stop.wait(seconds)
-    received = cpu_ns(pid) - before
+    during = sched(pids, thread) - before
     stop.set()
     t.join(timeout=60)
-    return out["p"], recorder, received
+    return out["p"], recorder, during
