@@ -109,3 +109,14 @@ def test_bad_flags_exit_2() -> None:
     assert r.returncode == 2 and "not a duration" in r.stderr
     r = run_cli("collector", "--grpc-listen", "0.0.0.0:7070")
     assert r.returncode == 2 and "no token_file is set" in r.stderr
+
+
+def test_keys_that_are_not_names_and_unknown_exporters() -> None:
+    with pytest.raises(ConfigError, match=r"ember.yaml:2: agent: a key must be a name, "
+                                          r"not \['a'\]"):
+        config.loads("agent:\n  [a]: 1\n", "ember.yaml")
+    with pytest.raises(ConfigError, match=r"ember.yaml:1: \(top level\): a key must be a name"):
+        config.loads("7: 1\n", "ember.yaml")
+    with pytest.raises(ConfigError, match=r"agent.exporters: unknown exporter 'kafka' "
+                                          r"\(one of writeraw, otlp\)"):
+        config.loads("agent:\n  exporters: [kafka]\n", "ember.yaml")

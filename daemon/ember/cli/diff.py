@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 
+from ..errors import UsageError
 from ._common import (
     Command,
     add_collector_access,
@@ -36,6 +37,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..flamegraph.graphs import diff
 
+    if args.width < 100:
+        raise UsageError("--width must be at least 100")
     if args.folded:
         check_output(args.folded)
     text, two_column = diff(args.before, args.after, args.normalize, args.strip_hex,

@@ -120,10 +120,10 @@ def _type_list(value: Any, option: Option) -> tuple[str, ...]:
     if isinstance(value, bool):
         return option.choices if value else ()
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise ValueError(f"expected true, false or a list of profile types, got {value!r}")
+        raise ValueError(f"expected true, false or a list of {option.item}s, got {value!r}")
     bad = [v for v in value if v not in option.choices]
     if bad:
-        raise ValueError(f"unknown profile type {bad[0]!r} (one of {', '.join(option.choices)})")
+        raise ValueError(f"unknown {option.item} {bad[0]!r} (one of {', '.join(option.choices)})")
     return tuple(dict.fromkeys(value))
 
 

@@ -80,6 +80,9 @@ def _build(cls: type[_Section], node: yaml.Node | None, path: str, prefix: str) 
     for key_node, value_node in node.value:
         key = _scalar(key_node)
         dotted = f"{prefix}.{key}" if prefix else str(key)
+        if not isinstance(key, str):  # a list or a mapping as a key
+            raise ConfigError(f"{_where(path, key_node, prefix or '(top level)')}: "
+                              f"a key must be a name, not {key!r}")
         if key not in known:
             hint = ", ".join(sorted(known))
             raise ConfigError(f"{_where(path, key_node, dotted)}: unknown key (known: {hint})")

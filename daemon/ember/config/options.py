@@ -22,12 +22,14 @@ class Option:
     hi: float | None = None
     choices: tuple[str, ...] = ()   # what a list of names may hold
     reloadable: bool = False        # SIGHUP applies it; otherwise it needs a restart
+    item: str = "profile type"      # what one of the choices is called, in messages
 
 
 def opt(doc: str, kind: str, lo: float | None = None, hi: float | None = None,
-        choices: tuple[str, ...] = (), *, reloadable: bool = False) -> Mapping[str, Option]:
+        choices: tuple[str, ...] = (), *, reloadable: bool = False,
+        item: str = "profile type") -> Mapping[str, Option]:
     """The metadata of a dataclass field that is a config key."""
-    return {OPTION: Option(doc, kind, lo, hi, choices, reloadable)}
+    return {OPTION: Option(doc, kind, lo, hi, choices, reloadable, item)}
 
 
 def section(doc: str, *, reloadable: bool = False) -> Mapping[str, Option]:

@@ -193,7 +193,7 @@ class AgentConfig:
         "Where profiles go: writeraw (Parca's WriteRaw: ember collector or Parca, at "
         "collector) and/or otlp (OTLP profiles: an OpenTelemetry Collector, Grafana "
         "Pyroscope, at otlp_endpoint). Each has its own spool and retries.", "type_list",
-        choices=EXPORTERS))
+        choices=EXPORTERS, item="exporter"))
     otlp_endpoint: str = field(default="127.0.0.1:4317", metadata=opt(
         "gRPC address of the OTLP endpoint (ProfilesService/Export).", "hostport", reloadable=True))
     otlp_token_file: str = field(default="", metadata=opt(
