@@ -175,3 +175,9 @@ def test_every_flag_is_in_the_readme() -> None:
                 if flag.startswith("--") and flag != "--help" and flag not in readme:
                     missing.append(f"ember {command.name} {flag}")
     assert not missing, missing
+
+
+@pytest.mark.parametrize("command", [["flamegraph", "x.folded"], ["diff", "a.folded", "b.folded"]])
+def test_width_floor(command: list[str]) -> None:
+    r = run(*command, "--width", "50")
+    assert r.returncode == 2 and "--width must be at least 100" in r.stderr
