@@ -114,6 +114,17 @@ enum ember_stat {
     EMBER_STAT_USER_STACK_LATE,       /* off-CPU sampled: resumed to user space unseen */
     EMBER_STAT_KERNEL_STACK_STALE,    /* off-CPU sampled: stack slot recycled meanwhile */
     EMBER_STAT_NEW_PIDS_FULL,         /* ember_new_pids ring full: maps read at the poll */
+    /* table walks by how they ended: EMBER_STAT_UNWIND_ROOT + EMBER_UNWIND_END_* */
+    EMBER_STAT_UNWIND_ROOT,           /* user stacks walked from tables to the root */
+    EMBER_STAT_UNWIND_TRUNCATED,      /* table walks cut at the depth limit */
+    EMBER_STAT_UNWIND_UNSUPPORTED,    /* ... at a rule the walker does not do */
+    EMBER_STAT_UNWIND_READ_FAILED,    /* ... where user memory could not be read */
+    EMBER_STAT_UNWIND_NO_MAPPING,     /* ... at an address in no executable mapping */
+    EMBER_STAT_UNWIND_BAD_FRAME,      /* ... where the stack did not grow to the root */
+    EMBER_STAT_UNWIND_NO_TABLE,       /* user stacks of processes without tables: frame
+                                       * pointers (bpf_get_stackid) instead */
+    EMBER_STAT_UNWIND_COLLISION,      /* table-walked stacks lost: ember_ustacks_* id taken */
+    EMBER_STAT_UNWIND_FP_FRAMES,      /* frames inside table walks taken by frame pointers */
     EMBER_STAT_MAX,
 };
 
@@ -204,6 +215,87 @@ struct ember_block {
 /* Kernel stacks of sleeping threads (bpf_get_task_stack) live in a hash map
  * of their own; their ids carry this bit so the daemon knows where to look. */
 #define EMBER_TASK_STACK_BIT 0x40000000
+
+/* ember_key.unwinder (and ember_start.unwinder): which unwinder made the
+ * user stack. */
+#define EMBER_UNWINDER_FP 0     /* frame pointers: bpf_get_stackid, stack maps */
+#define EMBER_UNWINDER_DWARF 1  /* CFI tables walked in BPF (unwind_dwarf.h) */
+/* User stacks walked from CFI tables live in ember_ustacks_* maps; their ids
+ * carry this bit. */
+#define EMBER_USTACK_BIT 0x20000000
+
+/* Unwinding from call-frame information (bpf/unwind_dwarf.h). Built in user
+ * space (daemon/ember/unwind/) from .eh_frame / .debug_frame: one row per
+ * address range of an object, sorted by pc, all objects in one array. */
+#ifndef EMBER_UNWIND
+#define EMBER_UNWIND 0          /* 1: compile the table walker in */
+#endif
+#ifndef EMBER_UNWIND_ROWS
+#define EMBER_UNWIND_ROWS 262144
+#endif
+#ifndef EMBER_UNWIND_PROCS
+#define EMBER_UNWIND_PROCS 1024
+#endif
+#define EMBER_UNWIND_MAPPINGS 128   /* executable mappings per process (a power of two) */
+#define EMBER_UNWIND_MAPPING_STEPS 8 /* binary search steps over them: log2 + 1 */
+#define EMBER_UNWIND_ROW_STEPS 22   /* ... over one object's rows: up to 4M rows */
+#ifndef EMBER_UNWIND_FRAMES_PER_PROG
+#define EMBER_UNWIND_FRAMES_PER_PROG 7
+#endif
+
+/* ember_unwind_row.cfa_type: how to find the canonical frame address. The
+ * return address is always at CFA - 8. */
+#define EMBER_CFA_UNSUPPORTED 0  /* a rule the walker does not do: stop, marked */
+#define EMBER_CFA_RSP 1          /* CFA = rsp + cfa_offset */
+#define EMBER_CFA_RBP 2          /* CFA = rbp + cfa_offset */
+#define EMBER_CFA_PLT 3          /* CFA = rsp + 8 + ((rip & 15) >= cfa_offset ? 8 : 0) */
+#define EMBER_CFA_END 4          /* return address undefined: the outermost frame */
+#define EMBER_CFA_NONE 5         /* no FDE covers this pc: try frame pointers */
+/* ember_unwind_row.rbp_type */
+#define EMBER_RBP_SAME 0         /* rbp unchanged */
+#define EMBER_RBP_SAVED 1        /* rbp saved at CFA + rbp_offset */
+#define EMBER_RBP_UNKNOWN 2      /* another rule: rbp unknown from here on */
+
+struct ember_unwind_row {
+    __u32 pc;              /* start of the range, an ELF virtual address */
+    __s32 cfa_offset;
+    __s16 rbp_offset;
+    __u8 cfa_type;         /* EMBER_CFA_* */
+    __u8 rbp_type;         /* EMBER_RBP_* */
+};
+
+/* One executable mapping of a process. row_count 0: no table (JIT code,
+ * anonymous memory, vdso): frames there are walked by frame pointers. */
+struct ember_unwind_mapping {
+    __u64 start;
+    __u64 end;
+    __u64 bias;            /* ip - bias = the pc of the object's rows */
+    __u32 row_start;       /* index of its first row in ember_unwind_rows */
+    __u32 row_count;
+};
+
+/* Value of ember_unwind_procs (key: tgid): mappings sorted by start. */
+struct ember_unwind_proc {
+    __u32 count;
+    __u32 reserved;
+    struct ember_unwind_mapping maps[EMBER_UNWIND_MAPPINGS];
+};
+
+/* Why a table walk ended (ember_ustack.end). */
+#define EMBER_UNWIND_END_ROOT 0         /* the outermost frame: a whole stack */
+#define EMBER_UNWIND_END_TRUNCATED 1    /* EMBER_MAX_STACK_DEPTH frames and more */
+#define EMBER_UNWIND_END_UNSUPPORTED 2  /* a CFI rule the walker does not do */
+#define EMBER_UNWIND_END_READ_FAILED 3  /* user memory could not be read */
+#define EMBER_UNWIND_END_NO_MAPPING 4   /* an address in no executable mapping */
+#define EMBER_UNWIND_END_BAD_FRAME 5    /* the stack did not grow towards the root */
+
+/* Value of ember_ustacks_*: a user stack walked from tables, leaf first. */
+struct ember_ustack {
+    __u64 hash;
+    __u32 len;
+    __u32 end;             /* EMBER_UNWIND_END_* */
+    __u64 ips[EMBER_MAX_STACK_DEPTH];
+};
 
 /* Raw task states (kernel ABI since 4.14; the verifier cannot check these:
  * tests/bpf/test_offcpu.py checks the states they come out as, sleeping and

@@ -79,7 +79,8 @@ def test_struct_fields_in_the_same_order() -> None:
     for cname, struct in abi.STRUCTS.items():
         body = re.search(rf"^struct {cname} \{{(.*?)^\}};", text, re.M | re.S)
         assert body is not None, cname
-        fields = re.findall(r"^\s+(?:__[us]\d+|char)\s+(\w+)", body.group(1), re.M)
+        fields = re.findall(r"^\s+(?:__[us]\d+|char|struct ember_\w+)\s+(\w+)",
+                            body.group(1), re.M)
         assert fields == [f for f, _ in struct._fields_], cname
 
 
@@ -88,3 +89,13 @@ def test_build_time_defaults_are_the_headers() -> None:
     text = header()
     defaults = dict(re.findall(r"#ifndef (EMBER_\w+)\n#define \1 (\d+)", text))
     assert {k: int(v) for k, v in defaults.items()} == abi.DEFAULT_DEFINES
+
+
+def test_unwind_rows_are_packed_as_the_kernel_reads_them() -> None:
+    """unwind/cfa.py packs rows with struct; the BPF walker reads ember_unwind_row."""
+    from ember.unwind.cfa import ROW
+
+    assert ROW.size == ct.sizeof(abi.UnwindRow)
+    row = abi.UnwindRow.from_buffer_copy(ROW.pack(0x1234, -8, -16, abi.CFA_RBP, abi.RBP_SAVED))
+    assert (row.pc, row.cfa_offset, row.rbp_offset, row.cfa_type, row.rbp_type) == (
+        0x1234, -8, -16, abi.CFA_RBP, abi.RBP_SAVED)

@@ -51,6 +51,33 @@ STATE_IDLE = 0x80
 STATE_RUNNABLE = 0x100
 
 UNWINDER_FP = 0
+UNWINDER_DWARF = 1
+USTACK_BIT = 0x20000000  # stack id of a user stack walked from CFI tables
+
+# The table unwinder (bpf/unwind_dwarf.h, daemon/ember/unwind/).
+UNWIND_MAPPINGS = 128
+UNWIND_MAPPING_STEPS = 8
+UNWIND_ROW_STEPS = 22
+CFA_UNSUPPORTED = 0
+CFA_RSP = 1
+CFA_RBP = 2
+CFA_PLT = 3
+CFA_END = 4
+CFA_NONE = 5
+RBP_SAME = 0
+RBP_SAVED = 1
+RBP_UNKNOWN = 2
+
+
+class UnwindEnd(enum.IntEnum):
+    """Why a table walk ended (ember_ustack.end, EMBER_UNWIND_END_*)."""
+
+    ROOT = 0
+    TRUNCATED = 1
+    UNSUPPORTED = 2
+    READ_FAILED = 3
+    NO_MAPPING = 4
+    BAD_FRAME = 5
 
 #: Build-time defaults (the loader passes its own values as -D flags).
 DEFAULT_DEFINES = {
@@ -63,6 +90,10 @@ DEFAULT_DEFINES = {
     "EMBER_RUNQ_HIST_ENTRIES": 16384,
     "EMBER_STACK_GENERATIONS": 2,
     "EMBER_NEW_PID_PAGES": 16,
+    "EMBER_UNWIND": 0,
+    "EMBER_UNWIND_ROWS": 262144,
+    "EMBER_UNWIND_PROCS": 1024,
+    "EMBER_UNWIND_FRAMES_PER_PROG": 7,
 }
 
 
@@ -89,6 +120,15 @@ class Stat(enum.IntEnum):
     USER_STACK_LATE = 17
     KERNEL_STACK_STALE = 18
     NEW_PIDS_FULL = 19
+    UNWIND_ROOT = 20
+    UNWIND_TRUNCATED = 21
+    UNWIND_UNSUPPORTED = 22
+    UNWIND_READ_FAILED = 23
+    UNWIND_NO_MAPPING = 24
+    UNWIND_BAD_FRAME = 25
+    UNWIND_NO_TABLE = 26
+    UNWIND_COLLISION = 27
+    UNWIND_FP_FRAMES = 28
 
 
 STAT_MAX = len(Stat)
@@ -181,6 +221,43 @@ class Block(ct.Structure):
     ]
 
 
+class UnwindRow(ct.Structure):
+    _fields_ = [
+        ("pc", ct.c_uint32),
+        ("cfa_offset", ct.c_int32),
+        ("rbp_offset", ct.c_int16),
+        ("cfa_type", ct.c_uint8),
+        ("rbp_type", ct.c_uint8),
+    ]
+
+
+class UnwindMapping(ct.Structure):
+    _fields_ = [
+        ("start", ct.c_uint64),
+        ("end", ct.c_uint64),
+        ("bias", ct.c_uint64),
+        ("row_start", ct.c_uint32),
+        ("row_count", ct.c_uint32),
+    ]
+
+
+class UnwindProc(ct.Structure):
+    _fields_ = [
+        ("count", ct.c_uint32),
+        ("reserved", ct.c_uint32),
+        ("maps", UnwindMapping * UNWIND_MAPPINGS),
+    ]
+
+
+class UStack(ct.Structure):
+    _fields_ = [
+        ("hash", ct.c_uint64),
+        ("len", ct.c_uint32),
+        ("end", ct.c_uint32),
+        ("ips", ct.c_uint64 * MAX_STACK_DEPTH),
+    ]
+
+
 class HistKey(ct.Structure):
     _fields_ = [("pid", ct.c_uint32), ("slot", ct.c_uint32)]
 
@@ -193,6 +270,10 @@ STRUCTS: dict[str, type[ct.Structure]] = {
     "ember_wake": Wake,
     "ember_hist_key": HistKey,
     "ember_block": Block,
+    "ember_unwind_row": UnwindRow,
+    "ember_unwind_mapping": UnwindMapping,
+    "ember_unwind_proc": UnwindProc,
+    "ember_ustack": UStack,
 }
 
 CONSTANTS: dict[str, int] = {
@@ -229,6 +310,22 @@ CONSTANTS: dict[str, int] = {
     "EMBER_STATE_PARKED": STATE_PARKED,
     "EMBER_STATE_IDLE": STATE_IDLE,
     "EMBER_STATE_RUNNABLE": STATE_RUNNABLE,
+    "EMBER_UNWINDER_FP": UNWINDER_FP,
+    "EMBER_UNWINDER_DWARF": UNWINDER_DWARF,
+    "EMBER_USTACK_BIT": USTACK_BIT,
+    "EMBER_UNWIND_MAPPINGS": UNWIND_MAPPINGS,
+    "EMBER_UNWIND_MAPPING_STEPS": UNWIND_MAPPING_STEPS,
+    "EMBER_UNWIND_ROW_STEPS": UNWIND_ROW_STEPS,
+    "EMBER_CFA_UNSUPPORTED": CFA_UNSUPPORTED,
+    "EMBER_CFA_RSP": CFA_RSP,
+    "EMBER_CFA_RBP": CFA_RBP,
+    "EMBER_CFA_PLT": CFA_PLT,
+    "EMBER_CFA_END": CFA_END,
+    "EMBER_CFA_NONE": CFA_NONE,
+    "EMBER_RBP_SAME": RBP_SAME,
+    "EMBER_RBP_SAVED": RBP_SAVED,
+    "EMBER_RBP_UNKNOWN": RBP_UNKNOWN,
+    **{f"EMBER_UNWIND_END_{e.name}": int(e) for e in UnwindEnd},
     "EMBER_STAT_MAX": STAT_MAX,
     **{f"EMBER_STAT_{s.name}": int(s) for s in Stat},
     **DEFAULT_DEFINES,

@@ -13,7 +13,8 @@
     ├── ProcessGone                 process_gone   a process exited before we read it
     ├── SymbolizationError          symbolization  an object could not be read
     │   ├── ElfError                elf            malformed or unreadable ELF
-    │   └── DwarfError              dwarf          no, malformed or unreadable DWARF
+    │   ├── DwarfError              dwarf          no, malformed or unreadable DWARF
+    │   └── UnwindTableError        unwind         no, malformed or unusable CFI (.eh_frame)
     ├── OutputError                 output         the output cannot be written (exit 2)
     └── ExportError                 export         a backend refused or could not be reached
         └── KubernetesError         kubernetes     the API server's pod list/watch failed
@@ -80,6 +81,10 @@ class DwarfError(SymbolizationError):
     label = "dwarf"
 
 
+class UnwindTableError(SymbolizationError):
+    label = "unwind"
+
+
 class OutputError(EmberError):
     label = "output"
     exit_status = 2
@@ -106,6 +111,7 @@ ALL_ERRORS: tuple[type[EmberError], ...] = (
     ProcessGone,
     SymbolizationError,
     ElfError,
+    UnwindTableError,
     OutputError,
     ExportError,
     KubernetesError,
