@@ -103,5 +103,6 @@ static __always_inline void ember_count(struct ember_key *key, u64 ns)
 }
 
 #include "unwind_fp.h"
+#include "unwind_dwarf.h"
 
 #endif /* EMBER_COMMON_H */

@@ -15,11 +15,52 @@
  * A preempted thread (still runnable) was waiting for a CPU all along.
  * Only tracepoint fields and helpers are read: no kernel struct offsets.
  */
+/* the table unwinder's state carries a start or a wake (unwind_dwarf.h) */
+#define EMBER_UNWIND_BLOCKS 1
 #include "common.h"
 
 BPF_HASH(ember_starts, u32, struct ember_start, EMBER_THREAD_ENTRIES);
 BPF_HASH(ember_wakes, u32, struct ember_wake, EMBER_THREAD_ENTRIES);
 BPF_HASH(ember_runq_hist, struct ember_hist_key, u64, EMBER_RUNQ_HIST_ENTRIES);
+
+#if EMBER_UNWIND
+BPF_PROG_ARRAY(ember_unwind_progs_sched, 1);
+
+#define EMBER_ACTION_START 0
+#define EMBER_ACTION_WAKE 1
+
+/* Keep the start (switch-out) or wake entry with the walked user stack. */
+static __always_inline void ember_sched_finish(struct ember_unwind_state *st)
+{
+    s32 id = ember_unwind_store(st);
+    u32 tid = st->tid;
+    if (st->action == EMBER_ACTION_WAKE) {
+        st->wake.user_stack_id = id;
+        if (ember_wakes.update(&tid, &st->wake))
+            ember_stat_add(EMBER_STAT_THREADS_FULL, 1);
+    } else {
+        st->start.user_stack_id = id;
+        st->start.unwinder = EMBER_UNWINDER_DWARF;
+        if (ember_starts.update(&tid, &st->start))
+            ember_stat_add(EMBER_STAT_THREADS_FULL, 1);
+    }
+}
+
+/* Both hooks are classic tracepoints: one step program serves them. */
+int ember_unwind_step_sched(void *ctx)
+{
+    u32 zero = 0;
+    struct ember_unwind_state *st = ember_unwind_state.lookup(&zero);
+    if (!st)
+        return 0;
+    if (ember_unwind_walk(st)) {
+        ember_unwind_progs_sched.call(ctx, 0);
+        st->stack.end = EMBER_UNWIND_END_TRUNCATED; /* out of tail calls */
+    }
+    ember_sched_finish(st);
+    return 0;
+}
+#endif
 
 static __always_inline u32 ember_state(long prev_state)
 {
@@ -73,6 +114,24 @@ int ember_sched_waking(struct tracepoint__sched__sched_waking *args)
         /* a wakeup from an interrupt on the idle task has no user side */
         u32 flags = wake.tid ? cfg->stack_flags : (cfg->stack_flags & ~EMBER_STACK_USER);
         u32 unwinder;
+#if EMBER_UNWIND
+        struct ember_unwind_state *st = 0;
+        if (flags & EMBER_STACK_USER)
+            st = ember_unwind_begin(wake.pid, wake.stack_epoch);
+        if (st) {
+            ember_capture_stacks(args, wake.stack_epoch, flags & ~EMBER_STACK_USER,
+                                 &wake.user_stack_id, &wake.kernel_stack_id, &unwinder);
+            st->wake = wake;
+            st->tid = wakee;
+            st->action = EMBER_ACTION_WAKE;
+            if (ember_unwind_walk(st)) {
+                ember_unwind_progs_sched.call(args, 0);
+                st->stack.end = EMBER_UNWIND_END_TRUNCATED;
+            }
+            ember_sched_finish(st);
+            return 0;
+        }
+#endif
         ember_capture_stacks(args, wake.stack_epoch, flags, &wake.user_stack_id,
                              &wake.kernel_stack_id, &unwinder);
     } else {
@@ -84,52 +143,16 @@ int ember_sched_waking(struct tracepoint__sched__sched_waking *args)
     return 0;
 }
 
-/* Attached by the loader (not auto-attached as TRACEPOINT_PROBE would be), so
- * the configuration is in place before the first event. */
-int ember_sched_switch(struct tracepoint__sched__sched_switch *args)
+
+/* next switches in: its time off-CPU ends now. */
+static __always_inline void ember_switch_in(struct ember_config *cfg, u32 next, u64 now,
+                                            u32 epoch)
 {
-    struct ember_config *cfg = ember_get_config();
-    if (!cfg)
-        return 0;
-    u64 now = bpf_ktime_get_ns();
-    u32 epoch = cfg->epoch;
-
-    /* prev switches out: remember when, and where it was. */
-    u64 id = bpf_get_current_pid_tgid();
-    u32 tgid = id >> 32, tid = (u32)id;
-    if (tid != 0) {
-        u32 state = ember_state(args->prev_state);
-        bool runnable = state == EMBER_STATE_RUNNABLE;
-        if (!ember_wanted(cfg, tgid)) {
-            ember_stat_add(EMBER_STAT_FILTERED, 1);
-        } else if (state & (EMBER_STATE_EXIT_DEAD | EMBER_STATE_EXIT_ZOMBIE)) {
-            /* the thread's last switch: it never comes back. */
-        } else if (runnable ? !(cfg->modes & EMBER_MODE_RUNQ)
-                            : (cfg->state_mask && !(state & cfg->state_mask))) {
-            ember_stat_add(EMBER_STAT_STATE_FILTERED, 1);
-        } else {
-            struct ember_start start = {};
-            start.ts = now;
-            start.pid = tgid;
-            start.state = state;
-            start.stack_epoch = epoch;
-            bpf_get_current_comm(&start.comm, sizeof(start.comm));
-            ember_capture_stacks(args, epoch, cfg->stack_flags, &start.user_stack_id,
-                                 &start.kernel_stack_id, &start.unwinder);
-            if (ember_starts.update(&tid, &start))
-                ember_stat_add(EMBER_STAT_THREADS_FULL, 1);
-            ember_wakes.delete(&tid); /* a stale wakeup must not split this block */
-            ember_note_pid(tgid);
-        }
-    }
-
-    /* next switches in: its time off-CPU ends now. */
-    u32 next = args->next_pid;
     if (next == 0)
-        return 0;
+        return;
     struct ember_start *sp = ember_starts.lookup(&next);
     if (!sp)
-        return 0;
+        return;
     struct ember_start start = *sp;
     ember_starts.delete(&next);
     struct ember_wake wake = {};
@@ -206,5 +229,69 @@ int ember_sched_switch(struct tracepoint__sched__sched_switch *args)
         ember_count(&key, queued);
         ember_runq_observe(start.pid, queued);
     }
+}
+
+/* Attached by the loader (not auto-attached as TRACEPOINT_PROBE would be), so
+ * the configuration is in place before the first event. The thread switching
+ * in is handled first: the one switching out may tail-call the table walk,
+ * which does not come back. */
+int ember_sched_switch(struct tracepoint__sched__sched_switch *args)
+{
+    struct ember_config *cfg = ember_get_config();
+    if (!cfg)
+        return 0;
+    u64 now = bpf_ktime_get_ns();
+    u32 epoch = cfg->epoch;
+    ember_switch_in(cfg, args->next_pid, now, epoch);
+
+    /* prev switches out: remember when, and where it was. */
+    u64 id = bpf_get_current_pid_tgid();
+    u32 tgid = id >> 32, tid = (u32)id;
+    if (tid == 0)
+        return 0;
+    u32 state = ember_state(args->prev_state);
+    bool runnable = state == EMBER_STATE_RUNNABLE;
+    if (!ember_wanted(cfg, tgid)) {
+        ember_stat_add(EMBER_STAT_FILTERED, 1);
+        return 0;
+    }
+    if (state & (EMBER_STATE_EXIT_DEAD | EMBER_STATE_EXIT_ZOMBIE))
+        return 0; /* the thread's last switch: it never comes back. */
+    if (runnable ? !(cfg->modes & EMBER_MODE_RUNQ)
+                 : (cfg->state_mask && !(state & cfg->state_mask))) {
+        ember_stat_add(EMBER_STAT_STATE_FILTERED, 1);
+        return 0;
+    }
+    struct ember_start start = {};
+    start.ts = now;
+    start.pid = tgid;
+    start.state = state;
+    start.stack_epoch = epoch;
+    bpf_get_current_comm(&start.comm, sizeof(start.comm));
+    ember_wakes.delete(&tid); /* a stale wakeup must not split this block */
+    ember_note_pid(tgid);
+#if EMBER_UNWIND
+    if (cfg->stack_flags & EMBER_STACK_USER) {
+        struct ember_unwind_state *st = ember_unwind_begin(tgid, epoch);
+        if (st) {
+            ember_capture_stacks(args, epoch, cfg->stack_flags & ~EMBER_STACK_USER,
+                                 &start.user_stack_id, &start.kernel_stack_id,
+                                 &start.unwinder);
+            st->start = start;
+            st->tid = tid;
+            st->action = EMBER_ACTION_START;
+            if (ember_unwind_walk(st)) {
+                ember_unwind_progs_sched.call(args, 0);
+                st->stack.end = EMBER_UNWIND_END_TRUNCATED;
+            }
+            ember_sched_finish(st);
+            return 0;
+        }
+    }
+#endif
+    ember_capture_stacks(args, epoch, cfg->stack_flags, &start.user_stack_id,
+                         &start.kernel_stack_id, &start.unwinder);
+    if (ember_starts.update(&tid, &start))
+        ember_stat_add(EMBER_STAT_THREADS_FULL, 1);
     return 0;
 }

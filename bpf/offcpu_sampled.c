@@ -134,9 +134,12 @@ static __always_inline s32 ember_task_kstack(struct task_struct *task, u32 stack
 
 /* Count the chosen block of the current thread (b->weight_ns != 0); its user
  * stack is taken if exact_user (the thread is still in the kernel entry it
- * blocked in), else marked late. */
-static __always_inline void ember_count_block(void *ctx, struct ember_config *cfg,
-                                              struct ember_block *b, bool exact_user)
+ * blocked in), else marked late. With tables (a resume hook that can
+ * tail-call the walk), a process with unwind tables gets the state back
+ * instead: the caller walks its user stack, then counts. */
+static __always_inline void *ember_count_block(void *ctx, struct ember_config *cfg,
+                                               struct ember_block *b, bool exact_user,
+                                               bool tables)
 {
     u64 id = bpf_get_current_pid_tgid();
     struct ember_key key = {};
@@ -155,9 +158,24 @@ static __always_inline void ember_count_block(void *ctx, struct ember_config *cf
         }
         key.stack_epoch = cfg->epoch;
     }
+    bpf_get_current_comm(&key.comm, sizeof(key.comm));
+    ember_note_pid(key.pid);
+    u64 n = b->weight_count, ns = b->weight_ns;
+    b->weight_ns = 0;
     key.user_stack_id = EMBER_STACK_NONE;
     if (cfg->stack_flags & EMBER_STACK_USER) {
         if (exact_user) {
+#if EMBER_UNWIND
+            if (tables) {
+                struct ember_unwind_state *st = ember_unwind_begin(key.pid, key.stack_epoch);
+                if (st) {
+                    st->key = key;
+                    st->n = n;
+                    st->ns = ns;
+                    return st;
+                }
+            }
+#endif
             key.user_stack_id = ember_stackid(ctx, key.stack_epoch, BPF_F_USER_STACK);
             ember_stack_error(key.user_stack_id, EMBER_STAT_USER_STACK_COLLISION,
                               EMBER_STAT_USER_STACK_ERROR);
@@ -172,10 +190,8 @@ static __always_inline void ember_count_block(void *ctx, struct ember_config *cf
             }
         }
     }
-    bpf_get_current_comm(&key.comm, sizeof(key.comm));
-    ember_count_n(&key, b->weight_count, b->weight_ns);
-    ember_note_pid(key.pid);
-    b->weight_ns = 0;
+    ember_count_n(&key, n, ns);
+    return 0;
 }
 
 /* tp_btf/sched_switch(bool preempt, prev, next, unsigned int prev_state) */
@@ -196,7 +212,7 @@ int ember_sampled_switch(u64 *ctx)
             u64 ip, sp;
             ember_user_regs(prev, &ip, &sp);
             ember_count_block(ctx, cfg, b,
-                              b->resume_seen && ip == b->user_ip && sp == b->user_sp);
+                              b->resume_seen && ip == b->user_ip && sp == b->user_sp, false);
         }
         bool preempt = (bool)ctx[0];
         u32 raw = (u32)ctx[3];
@@ -287,14 +303,85 @@ int ember_sampled_waking(u64 *ctx)
  * program run per switch. tp_btf/sys_exit (optional) also covers threads
  * without rseq (Go, musl, older glibc), but enabling it puts every system
  * call of the host on the slow path. */
-int ember_sampled_resume(u64 *ctx)
+static __always_inline void *ember_resume(u64 *ctx)
 {
     struct ember_block *b = ember_blocks.task_storage_get(bpf_get_current_task_btf(), 0, 0);
     if (!b || !b->weight_ns)
         return 0;
-    struct ember_config *cfg = ember_get_config();
-    if (cfg)
-        ember_count_block(ctx, cfg, b, true);
     b->resume_seen = 1;
+    struct ember_config *cfg = ember_get_config();
+    if (!cfg)
+        return 0;
+    return ember_count_block(ctx, cfg, b, true, true);
+}
+
+#if EMBER_UNWIND
+/* One step program and prog array per hook: a tracing program may only
+ * tail-call programs attached where it is. */
+BPF_PROG_ARRAY(ember_unwind_progs_resume, 1);
+BPF_PROG_ARRAY(ember_unwind_progs_resume_exit, 1);
+
+int ember_unwind_step_resume(u64 *ctx)
+{
+    u32 zero = 0;
+    struct ember_unwind_state *st = ember_unwind_state.lookup(&zero);
+    if (!st)
+        return 0;
+    if (ember_unwind_walk(st)) {
+        ember_unwind_progs_resume.call(ctx, 0);
+        st->stack.end = EMBER_UNWIND_END_TRUNCATED; /* out of tail calls */
+    }
+    ember_unwind_count(st);
+    return 0;
+}
+
+int ember_unwind_step_resume_exit(u64 *ctx)
+{
+    u32 zero = 0;
+    struct ember_unwind_state *st = ember_unwind_state.lookup(&zero);
+    if (!st)
+        return 0;
+    if (ember_unwind_walk(st)) {
+        ember_unwind_progs_resume_exit.call(ctx, 0);
+        st->stack.end = EMBER_UNWIND_END_TRUNCATED;
+    }
+    ember_unwind_count(st);
+    return 0;
+}
+#endif
+
+int ember_sampled_resume(u64 *ctx)
+{
+    void *pending = ember_resume(ctx);
+#if EMBER_UNWIND
+    struct ember_unwind_state *st = pending;
+    if (st) {
+        if (ember_unwind_walk(st)) {
+            ember_unwind_progs_resume.call(ctx, 0);
+            st->stack.end = EMBER_UNWIND_END_TRUNCATED;
+        }
+        ember_unwind_count(st);
+    }
+#endif
+    (void)pending;
+    return 0;
+}
+
+/* The same at tp_btf/sys_exit (optional): a function of its own, for its own
+ * prog array. */
+int ember_sampled_resume_exit(u64 *ctx)
+{
+    void *pending = ember_resume(ctx);
+#if EMBER_UNWIND
+    struct ember_unwind_state *st = pending;
+    if (st) {
+        if (ember_unwind_walk(st)) {
+            ember_unwind_progs_resume_exit.call(ctx, 0);
+            st->stack.end = EMBER_UNWIND_END_TRUNCATED;
+        }
+        ember_unwind_count(st);
+    }
+#endif
+    (void)pending;
     return 0;
 }

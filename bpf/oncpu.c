@@ -7,6 +7,25 @@
 #include <uapi/linux/bpf_perf_event.h>
 #include "common.h"
 
+#if EMBER_UNWIND
+BPF_PROG_ARRAY(ember_unwind_progs_cpu, 1);
+
+/* The table walk, EMBER_UNWIND_FRAMES_PER_PROG frames per tail call. */
+int ember_unwind_step_cpu(struct bpf_perf_event_data *ctx)
+{
+    u32 zero = 0;
+    struct ember_unwind_state *st = ember_unwind_state.lookup(&zero);
+    if (!st)
+        return 0;
+    if (ember_unwind_walk(st)) {
+        ember_unwind_progs_cpu.call(ctx, 0);
+        st->stack.end = EMBER_UNWIND_END_TRUNCATED; /* out of tail calls */
+    }
+    ember_unwind_count(st);
+    return 0;
+}
+#endif
+
 int ember_on_cpu(struct bpf_perf_event_data *ctx)
 {
     u64 id = bpf_get_current_pid_tgid();
@@ -31,6 +50,24 @@ int ember_on_cpu(struct bpf_perf_event_data *ctx)
     key.epoch = cfg->epoch;
     key.stack_epoch = key.epoch;
     bpf_get_current_comm(&key.comm, sizeof(key.comm));
+#if EMBER_UNWIND
+    if (cfg->stack_flags & EMBER_STACK_USER) {
+        struct ember_unwind_state *st = ember_unwind_begin(tgid, key.stack_epoch);
+        if (st) {
+            ember_capture_stacks(ctx, key.stack_epoch, cfg->stack_flags & ~EMBER_STACK_USER,
+                                 &key.user_stack_id, &key.kernel_stack_id, &key.unwinder);
+            st->key = key;
+            st->n = 1;
+            st->ns = 0;
+            if (ember_unwind_walk(st)) {
+                ember_unwind_progs_cpu.call(ctx, 0);
+                st->stack.end = EMBER_UNWIND_END_TRUNCATED;
+            }
+            ember_unwind_count(st);
+            return 0;
+        }
+    }
+#endif
     ember_capture_stacks(ctx, key.stack_epoch, cfg->stack_flags, &key.user_stack_id,
                          &key.kernel_stack_id, &key.unwinder);
     ember_count(&key, 0);

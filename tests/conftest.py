@@ -69,8 +69,8 @@ class Workload:
 def start_workload(fixture_bin: Path) -> Iterator[object]:
     started: list[Workload] = []
 
-    def start(name: str, seconds: float = 30) -> Workload:
-        proc = subprocess.Popen([str(fixture_bin / name), str(seconds)],
+    def start(name: str, seconds: float = 30, *args: str) -> Workload:
+        proc = subprocess.Popen([str(fixture_bin / name), str(seconds), *args],
                                 stdout=subprocess.PIPE, text=True)
         w = Workload(proc)
         started.append(w)

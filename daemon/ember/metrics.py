@@ -46,6 +46,18 @@ _LOST = {
     abi.Stat.KERNEL_STACK_ERROR: "kernel_error",
     abi.Stat.USER_STACK_LATE: "user_late",
     abi.Stat.KERNEL_STACK_STALE: "kernel_stale",
+    abi.Stat.UNWIND_COLLISION: "user_unwound_collision",
+}
+
+#: BPF stat -> outcome of a user stack walk from unwind tables (or none).
+_UNWIND = {
+    abi.Stat.UNWIND_ROOT: "unwound",
+    abi.Stat.UNWIND_NO_TABLE: "no_table",
+    abi.Stat.UNWIND_TRUNCATED: "truncated",
+    abi.Stat.UNWIND_UNSUPPORTED: "unsupported_rule",
+    abi.Stat.UNWIND_READ_FAILED: "read_failed",
+    abi.Stat.UNWIND_NO_MAPPING: "no_mapping",
+    abi.Stat.UNWIND_BAD_FRAME: "bad_frame",
 }
 
 
@@ -162,13 +174,27 @@ class AgentMetrics:
                                 "When the last drain finished", registry=r)
 
 
+class UnwindStats(Protocol):
+    """What the scrape reads of the unwind table loader (unwind/loader.py)."""
+
+    tables_loaded: int
+    tables_evicted: int
+    tables_failed: dict[str, int]
+    rows_loaded: int
+    processes: int
+    processes_dropped: int
+    mappings_dropped: int
+
+
 class BpfStatsCollector(Collector):
     """Reads the BPF programs' own counters when Prometheus scrapes."""
 
     def __init__(self, programs: Callable[[], Mapping[str, ProgramStats]],
-                 comm_of: Callable[[int], str] | None = None):
+                 comm_of: Callable[[int], str] | None = None,
+                 unwind: Callable[[], tuple[UnwindStats, int] | None] = lambda: None):
         self.programs = programs
         self.comm_of = comm_of or (lambda pid: "")
+        self.unwind = unwind  # (loader stats, row capacity), None without tables
 
     def collect(self) -> Iterator[Metric]:
         events = CounterMetricFamily("ember_bpf_events_total",
@@ -192,6 +218,16 @@ class BpfStatsCollector(Collector):
         runs = CounterMetricFamily("ember_bpf_program_runs_total",
                                    "Runs of ember's programs (needs kernel.bpf_stats_enabled=1)",
                                    labels=["type"])
+        unwind = CounterMetricFamily(
+            "ember_bpf_unwind_stacks_total",
+            "User stacks by how the table unwinder ended: unwound (to the root), "
+            "no_table (the process has none yet: frame pointers), truncated, "
+            "unsupported_rule, read_failed, no_mapping, bad_frame (each cut stack ends "
+            "in an [unwind stopped: ...] frame)", labels=["type", "outcome"])
+        fp_frames = CounterMetricFamily(
+            "ember_bpf_unwind_fp_frames_total",
+            "Frames inside table walks taken by frame pointers (code without a table: "
+            "JIT, anonymous memory, vdso)", labels=["type"])
         for kind, prog in self.programs().items():
             try:
                 stats = prog.stats()
@@ -202,6 +238,9 @@ class BpfStatsCollector(Collector):
             dropped.add_metric([kind, "threads_map_full"], stats[abi.Stat.THREADS_FULL])
             for stat, reason in _LOST.items():
                 lost.add_metric([kind, reason], stats[stat])
+            for stat, outcome in _UNWIND.items():
+                unwind.add_metric([kind, outcome], stats[stat])
+            fp_frames.add_metric([kind], stats[abi.Stat.UNWIND_FP_FRAMES])
             if prog.block_sampling:
                 blocks.add_metric([kind, "seen"], stats[abi.Stat.EVENTS])
                 blocks.add_metric([kind, "sampled"], stats[abi.Stat.SAMPLED])
@@ -210,8 +249,38 @@ class BpfStatsCollector(Collector):
             runs.add_metric([kind], n)
             for name, size in prog.map_memory().items():
                 map_bytes.add_metric([kind, name], size)
-        yield from (events, dropped, lost, blocks, run_s, runs, map_bytes)
+        yield from (events, dropped, lost, blocks, run_s, runs, map_bytes, unwind, fp_frames)
+        yield from self._unwind_tables()
         yield self._runq_histogram()
+
+    def _unwind_tables(self) -> Iterator[Metric]:
+        tables = CounterMetricFamily(
+            "ember_unwind_tables_total",
+            "Objects' unwind tables: loaded into the kernel, evicted (unused, to make "
+            "room), or not loaded by reason (full: no room even after evicting; "
+            "unreadable, empty, or the error that made it unusable)", labels=["outcome"])
+        rows = GaugeMetricFamily("ember_unwind_rows",
+                                 "Rows of unwind tables in the kernel, and room for them",
+                                 labels=["state"])
+        procs = GaugeMetricFamily("ember_unwind_processes",
+                                  "Processes whose stacks are walked from unwind tables")
+        dropped = CounterMetricFamily(
+            "ember_unwind_dropped_total",
+            "Left to frame pointers: processes (the process map was full) and "
+            "executable mappings (past 128 in one process)", labels=["what"])
+        got = self.unwind()
+        if got is not None:
+            st, capacity = got
+            tables.add_metric(["loaded"], st.tables_loaded)
+            tables.add_metric(["evicted"], st.tables_evicted)
+            for reason, n in sorted(st.tables_failed.items()):
+                tables.add_metric([reason], n)
+            rows.add_metric(["used"], st.rows_loaded)
+            rows.add_metric(["capacity"], capacity)
+            procs.add_metric([], st.processes)
+            dropped.add_metric(["processes"], st.processes_dropped)
+            dropped.add_metric(["mappings"], st.mappings_dropped)
+        yield from (tables, rows, procs, dropped)
 
     def _runq_histogram(self) -> Metric:
         """Run-queue latency per process from the kernel's log2 histogram:
@@ -298,6 +367,9 @@ _FAMILY_LABELS = {
     "ember_bpf_stacks_lost": ("type", "reason"), "ember_bpf_offcpu_blocks": ("type", "stage"),
     "ember_bpf_program_run_seconds": ("type",), "ember_bpf_program_runs": ("type",),
     "ember_bpf_map_memory_bytes": ("type", "map"),
+    "ember_bpf_unwind_stacks": ("type", "outcome"), "ember_bpf_unwind_fp_frames": ("type",),
+    "ember_unwind_tables": ("outcome",), "ember_unwind_rows": ("state",),
+    "ember_unwind_processes": (), "ember_unwind_dropped": ("what",),
     "ember_runqueue_latency_seconds": ("pid", "comm"),
 }
 _BPF_FAMILIES = _families()

@@ -53,6 +53,7 @@ class RecordOptions:
     drain_interval: float = 1.0
     maps_interval: float = 0.1     # how often new processes' maps are read
     include_self: bool = False
+    unwinder: str = "auto"         # how user stacks are walked (unwind.UNWINDERS)
     lines: bool = False            # DWARF source lines and inlined frames
     debug_dirs: tuple[str, ...] = DEFAULT_DEBUG_DIRS
 
@@ -100,7 +101,8 @@ class RecordOptions:
             kernel_stacks=everything if self.kernel_stacks else frozenset(),
             min_block_ns=self.min_block_us * 1000, max_block_ns=self.max_block_us * 1000,
             sample_ns=self.sample_us * 1000, state_mask=self.state_mask(),
-            sys_exit=self.sys_exit_hook, include_self=self.include_self)
+            sys_exit=self.sys_exit_hook, include_self=self.include_self,
+            unwinder=self.unwinder)
 
 
 def max_sample_rate() -> int:

@@ -21,9 +21,10 @@ import sys
 import time
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from . import abi
-from .errors import SymbolizationError, UsageError
+from .errors import BpfError, SymbolizationError, UsageError
 from .kernel import preflight
 from .kernel.drain import Drainer, DrainResult
 from .kernel.program import Program, self_tgid, wait_new_processes
@@ -39,11 +40,16 @@ from .stacks import SampleBuilder
 from .symbols.kallsyms import KernelSymbols
 from .symbols.procmaps import ProcessWatcher
 from .symbols.symbolizer import Symbolizer
+from .unwind import UNWINDERS
+from .unwind.loader import LoaderStats, TableLoader
 
 log = logging.getLogger(__name__)
 
 #: The GIL switch interval while attached (Python's default: 5 ms).
 GIL_SWITCH_S = 0.0005
+
+#: How long attach waits for the tables of the processes named as targets.
+PRELOAD_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -62,6 +68,8 @@ class SessionOptions:
     sys_exit: bool = False               # sampled off-CPU: user stacks at sys_exit too
     include_self: bool = False           # profile ember's own process too
     map_memory: int = DEFAULT_MAP_MEMORY  # kernel memory for all BPF maps
+    unwinder: str = "auto"               # how user stacks are walked (unwind.UNWINDERS)
+    unwind_cache_dir: str = ""           # unwind tables on disk by build id ("": none)
 
     def plan(self) -> list[tuple[ProgramKind, tuple[ProfileKind, ...]]]:
         """Each program to run, in the table's order, with the kinds it makes
@@ -127,6 +135,8 @@ class Session:
         self.symbolizer = symbolizer
         self.pipelines: list[Pipeline] = []
         self.watcher: ProcessWatcher | None = None
+        self.unwind: TableLoader | None = None
+        self._target_pids: set[int] = set()
         self.attached = False
         self._closed = False
 
@@ -150,21 +160,42 @@ class Session:
                 log.warning("%s", exc)
 
     def load(self) -> None:
-        """Build every program, sized from the map budget, and configure it."""
+        """Build every program, sized from the map budget, and configure it;
+        start loading unwind tables when the table walker is in."""
         o = self.options
-        entries = map_entries(o.map_memory, [p for p, _ in self.plan])
+        if o.unwinder not in UNWINDERS:
+            raise UsageError(f"unwinder {o.unwinder!r}: one of {', '.join(UNWINDERS)}")
+        unwind = o.unwinder != "fp"
+        entries = map_entries(o.map_memory, [p for p, _ in self.plan], unwind=unwind)
         for kind, kinds in self.plan:
-            stacks, counts = entries[kind.name]
-            program = Program(kind, stack_entries=stacks, count_entries=counts)
+            sizes = entries[kind.name]
+            program = self._build(kind, sizes.stacks, sizes.counts, sizes.unwind_rows)
             self.pipelines.append(Pipeline(program, Drainer(program), [
                 SampleBuilder(self.symbolizer, k, o.frequency) for k in kinds]))
             program.configure(o.bpf_config(kinds))
+        targets = [p.program.unwind for p in self.pipelines if p.program.unwind is not None]
+        if targets:
+            self.unwind = TableLoader(targets, Path(o.unwind_cache_dir)
+                                      if o.unwind_cache_dir else None,
+                                      self.symbolizer.processes.procfs)
+            self.unwind.start()
+            self.symbolizer.processes.listeners.append(self.unwind.submit)
+
+    def _build(self, kind: ProgramKind, stacks: int, counts: int, rows: int) -> Program:
+        try:
+            return Program(kind, stack_entries=stacks, count_entries=counts, unwind_rows=rows)
+        except BpfError as exc:
+            if not rows or self.options.unwinder != "auto":
+                raise
+            log.warning("the table unwinder does not load here; frame pointers only: %s", exc)
+            return Program(kind, stack_entries=stacks, count_entries=counts)
 
     def set_targets(self, filter_: int, pids: Iterable[int] = (),
                     cgroups: Iterable[int] = ()) -> None:
         """Profile only these processes and cgroups (filter: abi.FILTER_* bits
         of the rules that apply; 0: every process)."""
         pids, cgroups = set(pids), set(cgroups)
+        self._target_pids = pids if filter_ & abi.FILTER_PIDS else set()
         for p in self.pipelines:
             p.program.set_targets(pids)
             p.program.set_cgroups(cgroups)
@@ -182,6 +213,14 @@ class Session:
         self.watcher = ProcessWatcher(self.symbolizer.processes,
                                       lambda t: wait_new_processes(programs, t))
         self.watcher.start()
+        if self.unwind is not None and self._target_pids:
+            # the named processes' tables first: their first samples are whole
+            for pid in self._target_pids:
+                proc = self.symbolizer.processes.get(pid)
+                if proc is not None:
+                    self.unwind.submit(proc)
+            if not self.unwind.wait_idle(PRELOAD_S):
+                log.warning("unwind tables still loading after %.0fs", PRELOAD_S)
         for p in self.pipelines:
             p.program.attach(self.options.frequency, self.options.optional_hooks)
         self.attached = True
@@ -210,6 +249,8 @@ class Session:
         (programs detached) and ``end_ns`` (monotonic), blocks still in
         progress are charged up to end_ns."""
         o = self.options
+        if self.unwind is not None and not final:
+            self.unwind.sweep()
         out = []
         for p in self.pipelines:
             t0 = time.monotonic()
@@ -221,6 +262,12 @@ class Session:
             drained.seconds = time.monotonic() - t0
             out.append(drained)
         return out
+
+    def unwind_stats(self) -> tuple[LoaderStats, int] | None:
+        """The table loader's counters and its row capacity (None: no tables)."""
+        if self.unwind is None:
+            return None
+        return self.unwind.stats, self.unwind.rows.capacity
 
     def kernel_stats(self) -> dict[str, dict[abi.Stat, int]]:
         """Each program's own counters (never reset)."""
@@ -243,6 +290,8 @@ class Session:
         self._closed = True
         if self.watcher is not None:
             self.watcher.stop()
+        if self.unwind is not None:
+            self.unwind.stop()
         for p in self.pipelines:
             p.program.close()
 

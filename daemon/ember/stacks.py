@@ -40,6 +40,7 @@ class SampleBuilder:
         self.kind = kind
         self.ptype = kind.profile_type(frequency)
         self.truncated = 0
+        self.cut = 0
         self.lost_user = 0
         self.lost_kernel = 0
 
@@ -60,10 +61,14 @@ class SampleBuilder:
         frames = (self.symbolizer.user_frames(pid, stack.ips) if part == "user"
                   else self.symbolizer.kernel_frames(stack.ips))
         frames.reverse()
+        kind = FrameKind.USER if part == "user" else FrameKind.KERNEL
         if stack.truncated:
             self.truncated += 1
-            kind = FrameKind.USER if part == "user" else FrameKind.KERNEL
             frames.insert(0, Frame.marker("[truncated]", kind))
+        elif stack.cut is not None:
+            # the table walk stopped short of the root, and says why
+            self.cut += 1
+            frames.insert(0, Frame.marker(f"[unwind stopped: {stack.cut}]", kind))
         return frames
 
     def _stack(self, r_user: Stack, r_kernel: Stack, pid: int) -> list[Frame]:

@@ -8,6 +8,9 @@ from ember.kernel.programs import (
     EXEC_HOOK,
     PROGRAMS,
     STACK_ENTRY_BYTES,
+    UNWIND_PROC_BYTES,
+    UNWIND_PROCS,
+    UNWIND_ROW_BYTES,
     map_entries,
     program_kind,
 )
@@ -17,18 +20,26 @@ from tests.support import ROOT
 
 def test_map_entries_stay_within_budget() -> None:
     cpu, offcpu, sched = (program_kind(n) for n in ("cpu", "offcpu", "sched"))
-    for budget in (8 << 20, 64 << 20, 1 << 30):
-        for programs in ([cpu], [cpu, offcpu], [cpu, offcpu, sched]):
-            entries = map_entries(budget, programs)
-            used = sum(entries[p.name][0] * p.stack_maps * STACK_ENTRY_BYTES
-                       + entries[p.name][1] * COUNT_ENTRY_BYTES for p in programs)
-            floor = sum(1024 * p.stack_maps * STACK_ENTRY_BYTES + 2048 * COUNT_ENTRY_BYTES
-                        for p in programs)
-            assert used <= max(budget, floor), (budget, programs, entries)
-            for s, c in entries.values():
-                assert s & (s - 1) == 0 and c & (c - 1) == 0  # powers of two
+    for unwind in (False, True):
+        for budget in (8 << 20, 64 << 20, 1 << 30):
+            for programs in ([cpu], [cpu, offcpu], [cpu, offcpu, sched]):
+                entries = map_entries(budget, programs, unwind=unwind)
+                used = floor = 0
+                for p in programs:
+                    e = entries[p.name]
+                    maps = p.stack_maps + (p.generations if e.unwind_rows else 0)
+                    tables = (e.unwind_rows * UNWIND_ROW_BYTES
+                              + (UNWIND_PROCS * UNWIND_PROC_BYTES if e.unwind_rows else 0))
+                    used += (e.stacks * maps * STACK_ENTRY_BYTES + e.counts * COUNT_ENTRY_BYTES
+                             + tables)
+                    floor += (1024 * maps * STACK_ENTRY_BYTES + 2048 * COUNT_ENTRY_BYTES
+                              + (65536 * UNWIND_ROW_BYTES if e.unwind_rows else 0) + tables)
+                    assert bool(e.unwind_rows) == (unwind and p.unwinds)
+                    for n in (e.stacks, e.counts, e.unwind_rows):
+                        assert n & (n - 1) == 0  # powers of two (or 0)
+                assert used <= max(budget, floor), (budget, programs, entries)
     # more budget, bigger maps
-    assert map_entries(256 << 20, [cpu])["cpu"][0] > map_entries(32 << 20, [cpu])["cpu"][0]
+    assert map_entries(256 << 20, [cpu])["cpu"].stacks > map_entries(32 << 20, [cpu])["cpu"].stacks
 
 
 def test_specs_pass_only_what_differs_from_the_header() -> None:

@@ -8,6 +8,7 @@ import ctypes as ct
 from collections.abc import Callable, Sequence
 
 from ember import abi
+from ember.kernel.drain import Stack
 
 
 class FakeProgram:
@@ -96,8 +97,9 @@ class FakeProgram:
     def wakes(self) -> Sequence[tuple[int, abi.Wake]]:
         return []
 
-    def stack(self, slot: int, stack_id: int) -> tuple[int, ...] | None:
-        return self.slots[slot].get(stack_id)
+    def stack(self, slot: int, stack_id: int) -> Stack | None:
+        ips = self.slots[slot].get(stack_id)
+        return None if ips is None else Stack(ips)
 
     def clear_stacks(self, slot: int) -> None:
         self.slots[slot].clear()

@@ -54,7 +54,8 @@ def session_options(cfg: config.AgentConfig) -> SessionOptions:
         kernel_stacks=frozenset(cfg.kernel_stacks), min_block_ns=int(cfg.min_block * 1e9),
         max_block_ns=int(cfg.max_block * 1e9), sample_ns=int(cfg.offcpu_sample * 1e9),
         sys_exit=cfg.offcpu_sys_exit, include_self=cfg.include_self,
-        map_memory=cfg.bpf_map_memory)
+        map_memory=cfg.bpf_map_memory, unwinder=cfg.unwinder,
+        unwind_cache_dir=cfg.unwind_cache_dir)
 
 
 def common_labels(cfg: config.AgentConfig) -> dict[str, str]:
@@ -85,7 +86,8 @@ class Agent:
                                       self.pods, cfg.kubernetes.pod_labels)
         self.exporters: dict[str, Exporter] = exporters(cfg, self.metrics)
         self.accounting = DrainAccounting(self.metrics, self.symbolizer)
-        self.registry.register(BpfStatsCollector(self.session.programs, self.labeler.comm))
+        self.registry.register(BpfStatsCollector(self.session.programs, self.labeler.comm,
+                                                 self.session.unwind_stats))
         self.resolver = TargetResolver(cfg.targets)
         self.last_loop = time.monotonic()
         self._window_start_ns = time.time_ns()

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from .. import model
 from ..errors import UsageError
 from ..symbols import DEFAULT_DEBUG_DIRS
+from ..unwind import UNWINDERS
 from ._common import Command, check_output, float_arg, int_arg, stop_event, write
 
 if TYPE_CHECKING:
@@ -48,6 +49,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="folded: a '-' frame between user and kernel frames")
     _add_offcpu_arguments(p)
     p.add_argument("--include-self", action="store_true", help="profile ember itself too")
+    p.add_argument("--unwinder", choices=tuple(UNWINDERS), default="auto",
+                   help="how user stacks are walked: " + "; ".join(
+                       f"{k}: {v}" for k, v in UNWINDERS.items()) + " (default auto)")
     p.add_argument("--lines", action="store_true",
                    help="source files and lines (DWARF), with inlined functions as frames "
                         "of their own; pprof output gets a Line per function in each "
@@ -86,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
         kernel_stacks=args.kernel_stacks, user_stacks=args.user_stacks,
         min_block_us=args.min_block_us, max_block_us=args.max_block_us, state=args.state,
         sample_us=args.sample_us, sys_exit_hook=args.sys_exit_hook,
-        include_self=args.include_self, lines=args.lines,
+        include_self=args.include_self, lines=args.lines, unwinder=args.unwinder,
         debug_dirs=tuple(args.debug_dir) if args.debug_dir else DEFAULT_DEBUG_DIRS,
     )
     options.validate()

@@ -80,6 +80,12 @@ def _str(value: Any, option: Option) -> str:
     return value
 
 
+def _choice(value: Any, option: Option) -> str:
+    if not isinstance(value, str) or value not in option.choices:
+        raise ValueError(f"expected one of {', '.join(option.choices)}, got {value!r}")
+    return value
+
+
 # --- lists and mappings -------------------------------------------------------
 
 def _items(value: Any) -> list[Any]:
@@ -181,6 +187,7 @@ KINDS: dict[str, Kind] = {
     "hostport": Kind(_hostport),
     "path": Kind(_path),
     "str": Kind(_str),
+    "choice": Kind(_choice),
     "int_list": Kind(_int_list, _render_list),
     "str_list": Kind(_str_list, _render_list),
     "regex_list": Kind(_regex_list, _render_list),

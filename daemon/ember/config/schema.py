@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from ..kernel.programs import DEFAULT_MAP_MEMORY
 from ..model import KIND_NAMES, PROFILE_KINDS, ProfileKind
 from ..symbols import DEFAULT_DEBUG_DIRS
+from ..unwind import UNWINDERS
 from .options import keys_of, opt, section
 
 #: What agent.kernel_stacks and agent.user_stacks choose from: the profile kinds.
@@ -149,6 +150,14 @@ class AgentConfig:
         "Source files and lines from DWARF, with inlined functions as frames of "
         "their own (pprof Line entries). Parses debug info on the agent: more CPU and "
         "memory (within the symbol cache's share of memory_limit).", "bool"))
+    unwinder: str = field(default="auto", metadata=opt(
+        "How user stacks are walked: " + "; ".join(f"{k}: {v}" for k, v in UNWINDERS.items())
+        + ". Tables are built from each object's .eh_frame (or .debug_frame) and kept "
+        "in unwind_cache_dir.", "choice", choices=tuple(UNWINDERS)))
+    unwind_cache_dir: str = field(default="", metadata=opt(
+        "Keep unwind tables on disk here, by build id, so a restarted agent does not "
+        "build them again; empty: no disk cache. The systemd unit provides "
+        "/var/cache/ember (CacheDirectory) for /var/cache/ember/unwind.", "str"))
     symbol_cache_dir: str = field(default="", metadata=opt(
         "Keep indexed symbol tables on disk here, by build id, so a restarted agent "
         "does not index every object again; empty: no disk cache. The systemd unit "

@@ -99,7 +99,8 @@ def build(spec: ProgramSpec, strict: bool = False, timeout: float = 300) -> Buil
             pass_fds=(child.fileno(),), env={**os.environ, "PYTHONPATH": _package_root()})
         child.close()
         request = json.dumps({"source": spec.source, "defines": spec.defines,
-                              "functions": spec.functions, "strict": strict})
+                              "functions": spec.functions, "tail_calls": spec.tail_calls,
+                              "strict": strict})
         try:
             _, err = proc.communicate(request.encode(), timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -148,7 +149,8 @@ def _child(sock_fd: int) -> None:
 
     req = json.loads(sys.stdin.read())
     spec = ProgramSpec(req["source"], {k: int(v) for k, v in req["defines"].items()},
-                       tuple((f, kind) for f, kind in req["functions"]))
+                       tuple((f, kind) for f, kind in req["functions"]),
+                       tuple((a, label) for a, label in req.get("tail_calls", ())))
     b = BPF(text=flatten_source(spec.source).encode(), cflags=spec.cflags(bool(req["strict"])))
     lib: Any = ct.CDLL("libbcc.so.0")
     lib.bpf_num_tables.restype = ct.c_size_t
@@ -177,6 +179,9 @@ def _child(sock_fd: int) -> None:
             raise BpfError(f"unknown program kind {kind!r} for {fn}")
         progs[f"{fn}@{kind}"] = len(fds)
         fds.append(fd)
+    for array, label in spec.tail_calls:
+        # a tail call's target: index 0 of its prog array
+        b.get_table(array)[ct.c_int(0)] = ct.c_int(fds[progs[label]])
     if len(fds) > _MAX_FDS:
         raise BpfError(f"{spec.source}: {len(fds)} descriptors, at most {_MAX_FDS}")
     sock = socket.socket(fileno=sock_fd)

@@ -50,16 +50,29 @@ STACK_NOT_REQUESTED = "not-requested"
 STACK_LATE = "late"                 # sampled off-CPU: back in user space unseen
 
 
+#: Why a walk from unwind tables stopped short of the root (Stack.cut).
+CUT_REASONS: dict[int, str] = {
+    abi.UnwindEnd.TRUNCATED: "truncated",
+    abi.UnwindEnd.UNSUPPORTED: "unsupported rule",
+    abi.UnwindEnd.READ_FAILED: "read failed",
+    abi.UnwindEnd.NO_MAPPING: "no mapping",
+    abi.UnwindEnd.BAD_FRAME: "bad frame",
+}
+
+
 @dataclass(frozen=True)
 class Stack:
-    """Instruction pointers leaf first, as the kernel walked them, or why not."""
+    """Instruction pointers leaf first, as the kernel walked them, or why not;
+    ``cut`` says why a walk that gave frames stopped before the root, when
+    the unwinder knows (the table unwinder does; frame pointers do not)."""
 
     ips: tuple[int, ...] = ()
     problem: str | None = None
+    cut: str | None = None
 
     @property
     def truncated(self) -> bool:
-        return len(self.ips) >= abi.MAX_STACK_DEPTH
+        return self.cut == "truncated" or len(self.ips) >= abi.MAX_STACK_DEPTH
 
 
 @dataclass(frozen=True)
@@ -120,7 +133,7 @@ class DrainMaps(Protocol):
     def delete_counts(self, keys: Sequence[abi.Key]) -> None: ...
     def starts(self) -> Sequence[tuple[int, abi.Start]]: ...
     def wakes(self) -> Sequence[tuple[int, abi.Wake]]: ...
-    def stack(self, slot: int, stack_id: int) -> tuple[int, ...] | None: ...
+    def stack(self, slot: int, stack_id: int) -> Stack | None: ...
     def clear_stacks(self, slot: int) -> None: ...
 
 
@@ -166,7 +179,7 @@ class Drainer:
         self.maps = maps
         self.grace = grace or GracePeriod()
         self.epoch = epoch
-        self.carried: dict[tuple[int, int], tuple[int, ...] | None] = {}
+        self.carried: dict[tuple[int, int], Stack | None] = {}
 
     @property
     def _keep(self) -> int:
@@ -181,9 +194,9 @@ class Drainer:
         t0 = time.monotonic()
         e = self.epoch
         result = DrainResult()
-        cache: dict[tuple[int, int], tuple[int, ...] | None] = {}
+        cache: dict[tuple[int, int], Stack | None] = {}
 
-        def from_map(se: int, sid: int) -> tuple[int, ...] | None:
+        def from_map(se: int, sid: int) -> Stack | None:
             k = (se, sid)
             if k not in cache:
                 cache[k] = self.maps.stack(se % self.maps.generations, sid)
@@ -193,7 +206,7 @@ class Drainer:
 
         # 0. carry the stacks of blocks that outlive the slot cleared below.
         pending = self.maps.starts()
-        new_carried: dict[tuple[int, int], tuple[int, ...] | None] = {}
+        new_carried: dict[tuple[int, int], Stack | None] = {}
         refs: list[tuple[int, int, int]] = [
             (s.stack_epoch, s.user_stack_id, s.kernel_stack_id) for _, s in pending]
         refs += [(w.stack_epoch, w.user_stack_id, w.kernel_stack_id) for _, w in self.maps.wakes()]
@@ -227,13 +240,13 @@ class Drainer:
                 return Stack(problem=STACK_UNAVAILABLE)
             if sid < 0:
                 return Stack(problem=STACK_ERROR)
-            ips = from_map(se, sid) if se in in_map else lookup_carried.get((se, sid))
-            if ips is None:
+            stack = from_map(se, sid) if se in in_map else lookup_carried.get((se, sid))
+            if stack is None:
                 result.stats.stacks_missing += 1
                 return Stack(problem=STACK_MISSING)
-            if len(ips) >= abi.MAX_STACK_DEPTH:
+            if stack.truncated:
                 result.stats.stacks_truncated += 1
-            return Stack(ips=ips)
+            return stack
 
         # 3. read this epoch's counts (all of them once the programs are gone).
         drained: list[abi.Key] = []

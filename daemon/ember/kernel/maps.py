@@ -10,10 +10,14 @@ one system call (batches: one per bucket run) and reports errors with errno.
 from __future__ import annotations
 
 import array
+import contextlib
 import ctypes as ct
 import errno
+import mmap
 from collections.abc import Iterator, Sequence
 from typing import Any, TypeVar
+
+import numpy as np
 
 from .. import abi
 from ..errors import BpfError
@@ -22,7 +26,7 @@ from .syscalls import possible_cpus
 
 S = TypeVar("S", bound=ct.Structure)
 
-__all__ = ["BpfMap", "PerCpuArray", "StackMap", "possible_cpus"]
+__all__ = ["BpfMap", "PerCpuArray", "RowArray", "StackMap", "UnwindMaps", "possible_cpus"]
 
 
 class BpfMap:
@@ -206,3 +210,83 @@ class RingBuffer:
         self._poll.close()
         self._consumer.close()
         self._producer.close()
+
+
+class RowArray:
+    """ember_unwind_rows: an mmap-able BPF array of unwind rows, written
+    through the mapping (one memory copy per object, not a system call per
+    row). Array values are 8-byte aligned in the mapping."""
+
+    STRIDE = (ct.sizeof(abi.UnwindRow) + 7) & ~7
+
+    def __init__(self, name: str, fd: int, max_entries: int):
+        self.name = name
+        self.max_entries = max_entries
+        size = self.STRIDE * max_entries
+        size = (size + mmap.PAGESIZE - 1) // mmap.PAGESIZE * mmap.PAGESIZE
+        try:
+            self._mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        except OSError as exc:
+            raise BpfError(f"mmap of map {name}: {exc.strerror or exc}") from None
+
+    def write(self, start: int, rows: bytes) -> None:
+        """Rows packed as ember_unwind_row (12 bytes each) from index start."""
+        size = ct.sizeof(abi.UnwindRow)
+        n = len(rows) // size
+        if start < 0 or start + n > self.max_entries:
+            raise BpfError(f"{self.name}: rows {start}..{start + n} past {self.max_entries}")
+        if size == self.STRIDE:
+            self._mm[start * size:(start + n) * size] = rows
+            return
+        src = np.frombuffer(rows, dtype=np.uint8, count=n * size).reshape(n, size)
+        dst = np.frombuffer(self._mm, dtype=np.uint8, count=self.max_entries * self.STRIDE)
+        dst = dst.reshape(self.max_entries, self.STRIDE)
+        dst[start:start + n, :size] = src
+        del dst
+
+    def read(self, index: int) -> abi.UnwindRow:
+        off = index * self.STRIDE
+        return abi.UnwindRow.from_buffer_copy(self._mm[off:off + ct.sizeof(abi.UnwindRow)])
+
+    def close(self) -> None:
+        with contextlib.suppress(BufferError):  # a view still open: it goes with the process
+            self._mm.close()
+
+
+class UnwindMaps:
+    """One program's unwind maps: the rows array and the processes' mappings
+    (implements unwind.loader.UnwindTarget)."""
+
+    def __init__(self, rows: RowArray, procs: BpfMap):
+        self.rows = rows
+        self.procs = procs
+
+    @property
+    def row_capacity(self) -> int:
+        return self.rows.max_entries
+
+    @property
+    def process_capacity(self) -> int:
+        return self.procs.max_entries
+
+    def write_rows(self, start: int, rows: bytes) -> None:
+        self.rows.write(start, rows)
+
+    def set_process(self, pid: int, proc: abi.UnwindProc) -> None:
+        self.procs.update(ct.c_uint32(pid), proc)
+
+    def forget_process(self, pid: int) -> None:
+        self.procs.delete(ct.c_uint32(pid))
+
+    def close(self) -> None:
+        self.rows.close()
+
+
+def read_ustack(m: BpfMap, stack_id: int) -> tuple[tuple[int, ...], int] | None:
+    """A stack walked from unwind tables: (addresses leaf first, how it ended)."""
+    value = m.lookup(ct.c_uint32(stack_id))
+    if value is None:
+        return None
+    n = min(int(value.len), abi.MAX_STACK_DEPTH)
+    ips = array.array("Q", bytes(value.ips))
+    return tuple(ips[:n]), int(value.end)

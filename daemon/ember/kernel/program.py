@@ -18,7 +18,8 @@ from .. import abi
 from ..errors import BpfError
 from . import syscalls
 from .build import build
-from .maps import BpfMap, PerCpuArray, RingBuffer, StackMap
+from .drain import CUT_REASONS, Stack
+from .maps import BpfMap, PerCpuArray, RingBuffer, RowArray, StackMap, UnwindMaps, read_ustack
 from .programs import Hook, ProgramKind
 
 log = logging.getLogger(__name__)
@@ -30,9 +31,10 @@ class Program:
     Implements drain.DrainMaps."""
 
     def __init__(self, kind: ProgramKind, stack_entries: int | None = None,
-                 count_entries: int | None = None, strict: bool = False):
+                 count_entries: int | None = None, strict: bool = False,
+                 unwind_rows: int = 0):
         self.kind = kind
-        self.spec = kind.spec(stack_entries, count_entries)
+        self.spec = kind.spec(stack_entries, count_entries, unwind_rows)
         self.generations = kind.generations
         self.built = build(self.spec, strict)
         self._attach_fds: list[int] = []
@@ -71,6 +73,16 @@ class Program:
         self.wakes_map = self._map("ember_wakes", abi.Wake, key=ct.c_uint32) if blocks else None
         self.runq_hist_map = (self._map("ember_runq_hist", ct.c_uint64, key=abi.HistKey)
                               if blocks else None)
+        # the table unwinder, when compiled in: its stacks and tables
+        self.unwind: UnwindMaps | None = None
+        self.ustack_maps: list[BpfMap] = []
+        if "ember_unwind_rows" in self.built.maps:
+            self.ustack_maps = [self._map(f"ember_ustacks_{i}", abi.UStack)
+                                for i in range(self.generations)]
+            self.unwind = UnwindMaps(
+                RowArray("ember_unwind_rows", self._fd("ember_unwind_rows"),
+                         self._max("ember_unwind_rows")),
+                self._map("ember_unwind_procs", abi.UnwindProc))
 
     # -- map plumbing --
     def _entry(self, name: str) -> tuple[int, int]:
@@ -157,6 +169,8 @@ class Program:
     def close(self) -> None:
         self.detach()
         self.new_pids.close()
+        if self.unwind is not None:
+            self.unwind.close()
         self.built.close()
 
     # -- drain.DrainMaps --
@@ -194,15 +208,25 @@ class Program:
             slots[min(int(k.slot), abi.RUNQ_HIST_SLOTS - 1)] += int(v)
         return out
 
-    def stack(self, slot: int, stack_id: int) -> tuple[int, ...] | None:
+    def stack(self, slot: int, stack_id: int) -> Stack | None:
         if stack_id & abi.TASK_STACK_BIT and self.task_stack_maps:
-            return self.task_stack_maps[slot].read(stack_id)
-        return self.stack_maps[slot].read(stack_id)
+            ips = self.task_stack_maps[slot].read(stack_id)
+        elif stack_id & abi.USTACK_BIT and self.ustack_maps:
+            walked = read_ustack(self.ustack_maps[slot], stack_id)
+            if walked is None:
+                return None
+            return Stack(walked[0], cut=CUT_REASONS.get(walked[1]))
+        else:
+            ips = self.stack_maps[slot].read(stack_id)
+        return None if ips is None else Stack(ips)
 
     def clear_stacks(self, slot: int) -> None:
         self.stack_maps[slot].clear()
         if self.task_stack_maps:
             self.task_stack_maps[slot].clear()
+        if self.ustack_maps:
+            m = self.ustack_maps[slot]
+            m.delete_batch([ct.c_uint32(int(k.value)) for k in list(m.keys())])
 
     def stats(self) -> dict[abi.Stat, int]:
         values = self.stats_map.read_all()

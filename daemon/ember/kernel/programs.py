@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .. import abi
 from ..errors import BpfError
 
 #: bcc's clang warns about the Debian kernel headers themselves; those are not
@@ -47,6 +48,17 @@ class Hook:
     function: str
     point: str
     optional: bool = False   # attached only when the session asks for it
+    # it walks user stacks from CFI tables: its step program (loaded for the
+    # same hook: a tracing program may only tail-call those) and prog array
+    # are ember_unwind_step_<unwind> and ember_unwind_progs_<unwind>
+    unwind: str = ""
+
+    @property
+    def unwind_step(self) -> tuple[str, str] | None:
+        """(step function, prog array) of a hook that unwinds from tables."""
+        if not self.unwind:
+            return None
+        return f"ember_unwind_step_{self.unwind}", f"ember_unwind_progs_{self.unwind}"
 
     @property
     def load_kind(self) -> str:
@@ -74,6 +86,8 @@ class ProgramSpec:
     # (function, load kind): "perf_event", "tracepoint" or "tp_btf/<tracepoint>";
     # Built.progs names each "<function>@<load kind>"
     functions: tuple[tuple[str, str], ...] = ()
+    # (prog array, program label): the build puts the program at index 0
+    tail_calls: tuple[tuple[str, str], ...] = ()
 
     def cflags(self, strict: bool = False) -> list[str]:
         flags = [f"-I{bpf_source_dir()}", *HEADER_NOISE]
@@ -108,29 +122,47 @@ class ProgramKind:
     def all_hooks(self) -> tuple[Hook, ...]:
         return (EXEC_HOOK, *self.hooks)
 
-    def spec(self, stack_entries: int | None = None, count_entries: int | None = None
-             ) -> ProgramSpec:
-        """The build spec; map sizes default to the header's."""
+    def spec(self, stack_entries: int | None = None, count_entries: int | None = None,
+             unwind_rows: int = 0) -> ProgramSpec:
+        """The build spec; map sizes default to the header's. unwind_rows > 0
+        compiles the table unwinder in, with that many rows."""
         defines = {"EMBER_STACK_GENERATIONS": self.generations}
         if stack_entries is not None:
             defines["EMBER_STACK_ENTRIES"] = stack_entries
         if count_entries is not None:
             defines["EMBER_COUNT_ENTRIES"] = count_entries
-        functions = tuple(dict.fromkeys((h.function, h.load_kind) for h in self.all_hooks()))
-        return ProgramSpec(self.source, defines, functions)
+        pairs = [(h.function, h.load_kind) for h in self.all_hooks()]
+        tail_calls = []
+        if unwind_rows:
+            defines["EMBER_UNWIND"] = 1
+            defines["EMBER_UNWIND_ROWS"] = unwind_rows
+            for h in self.all_hooks():
+                if h.unwind_step is not None:
+                    step, array = h.unwind_step
+                    # the step first: it makes its prog array belong to its hook
+                    pairs.insert(0, (step, h.load_kind))
+                    tail_calls.append((array, f"{step}@{h.load_kind}"))
+        functions = tuple(dict.fromkeys(pairs))
+        return ProgramSpec(self.source, defines, functions, tuple(dict.fromkeys(tail_calls)))
+
+    @property
+    def unwinds(self) -> bool:
+        """Can it walk user stacks from CFI tables?"""
+        return any(h.unwind for h in self.hooks)
 
 
 PROGRAMS: tuple[ProgramKind, ...] = (
     # On-CPU: a cpu-clock sample of every CPU adds one to its stacks' count.
-    ProgramKind("cpu", "oncpu.c", (Hook("ember_on_cpu", "perf_event"),),
+    ProgramKind("cpu", "oncpu.c", (Hook("ember_on_cpu", "perf_event", unwind="cpu"),),
                 generations=2, weight=2.0),
     # Off-CPU with duration-weighted sampling (the default off-CPU profile).
     # The resume hooks go first: a block chosen at switch-in is never left
     # without one; sched_waking before sched_switch, so a block is never
     # timed without its wakeup.
     ProgramKind("offcpu", "offcpu_sampled.c",
-                (Hook("ember_sampled_resume", "tp_btf/rseq_update"),
-                 Hook("ember_sampled_resume", SYS_EXIT_HOOK, optional=True),
+                (Hook("ember_sampled_resume", "tp_btf/rseq_update", unwind="resume"),
+                 Hook("ember_sampled_resume_exit", SYS_EXIT_HOOK, optional=True,
+                      unwind="resume_exit"),
                  Hook("ember_sampled_waking", "tp_btf/sched_waking"),
                  Hook("ember_sampled_switch", "tp_btf/sched_switch")),
                 generations=3, weight=1.5, block_sampling=True),
@@ -138,8 +170,8 @@ PROGRAMS: tuple[ProgramKind, ...] = (
     # queue, wakeup and off-wake. sched_waking goes first so a block is never
     # seen switching in without its wakeup.
     ProgramKind("sched", "offcpu.c",
-                (Hook("ember_sched_waking", "tracepoint/sched/sched_waking"),
-                 Hook("ember_sched_switch", "tracepoint/sched/sched_switch")),
+                (Hook("ember_sched_waking", "tracepoint/sched/sched_waking", unwind="sched"),
+                 Hook("ember_sched_switch", "tracepoint/sched/sched_switch", unwind="sched")),
                 generations=3, weight=1.5, tracks_blocks=True),
 )
 
@@ -155,6 +187,9 @@ def program_kind(name: str) -> ProgramKind:
 
 #: Approximate kernel bytes per entry (value + element and bucket overhead).
 STACK_ENTRY_BYTES = 1100      # 127 addresses
+UNWIND_ROW_BYTES = 16         # an ember_unwind_row in an array (values 8-aligned)
+UNWIND_PROC_BYTES = 4200      # an ember_unwind_proc: 128 mappings
+MIN_UNWIND_ROWS = 1 << 16
 COUNT_ENTRY_BYTES = 200       # ember_key + ember_value in a preallocated hash
 MIN_STACK_ENTRIES = 1024
 MIN_COUNT_ENTRIES = 2048
@@ -165,20 +200,42 @@ def _pow2_floor(n: int, least: int) -> int:
     return 1 << (n.bit_length() - 1)
 
 
-def map_entries(budget: int, programs: Sequence[ProgramKind]) -> dict[str, tuple[int, int]]:
-    """(stack_entries, count_entries) per program, from the kernel memory
-    budget for all of ember's maps (bpf_map_memory). Stack storage takes 85%
-    of a program's share, counts the rest. Powers of two, at least 1024
-    stacks and 2048 counts each."""
+@dataclass(frozen=True)
+class MapSizes:
+    """Entries of a program's sized maps."""
+
+    stacks: int
+    counts: int
+    unwind_rows: int = 0   # 0: no table unwinder
+
+
+def map_entries(budget: int, programs: Sequence[ProgramKind], unwind: bool = False
+                ) -> dict[str, MapSizes]:
+    """Map sizes per program, from the kernel memory budget for all of
+    ember's maps (bpf_map_memory). Without the table unwinder, stack storage
+    takes 85% of a program's share and counts the rest; with it (programs
+    that can unwind), the rows of the unwind tables take 40% first and the
+    table-walked stacks double the stack maps. Powers of two, at least 1024
+    stacks, 2048 counts and 65536 rows each."""
     total = sum(p.weight for p in programs) or 1.0
     out = {}
     for p in programs:
         share = budget * p.weight / total
-        stacks = _pow2_floor(int(share * 0.85 / (p.stack_maps * STACK_ENTRY_BYTES)),
+        rows = 0
+        stack_maps = p.stack_maps
+        if unwind and p.unwinds:
+            rows = _pow2_floor(int(share * 0.4 / UNWIND_ROW_BYTES), MIN_UNWIND_ROWS)
+            share -= rows * UNWIND_ROW_BYTES + UNWIND_PROC_BYTES * UNWIND_PROCS
+            stack_maps += p.generations
+        stacks = _pow2_floor(int(share * 0.85 / (stack_maps * STACK_ENTRY_BYTES)),
                              MIN_STACK_ENTRIES)
         counts = _pow2_floor(int(share * 0.15 / COUNT_ENTRY_BYTES), MIN_COUNT_ENTRIES)
-        out[p.name] = (stacks, counts)
+        out[p.name] = MapSizes(stacks, counts, rows)
     return out
+
+
+#: Processes with unwind tables at once.
+UNWIND_PROCS = abi.DEFAULT_DEFINES["EMBER_UNWIND_PROCS"]
 
 
 #: The default of bpf_map_memory (config and ``ember record``).

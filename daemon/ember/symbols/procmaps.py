@@ -136,6 +136,13 @@ class ProcFS:
             exe = None
         return Process.build(pid, start_time, kernel_thread, exe, maps)
 
+    def start_time(self, pid: int) -> int | None:
+        """The process's start time (clock ticks since boot), None if gone."""
+        try:
+            return parse_stat((self.root / str(pid) / "stat").read_text())[1]
+        except (OSError, ValueError, IndexError):
+            return None
+
     def object_candidates(self, pid: int, entry: MapEntry) -> list[Path]:
         """Where the object behind a mapping can be opened, best first: through
         the process's root (its mount namespace), then map_files (works for
@@ -174,6 +181,8 @@ class ProcessTable:
         self._recheck: dict[int, float] = {}   # pid -> when to read its maps again
         self._round = 0
         self._lock = threading.RLock()
+        # called with each process whose maps are new or changed (outside the lock)
+        self.listeners: list[Callable[[Process], None]] = []
 
     def refresh(self, pids: Iterable[int]) -> None:
         """Read the maps of pids again. A process whose maps did not change
@@ -181,13 +190,18 @@ class ProcessTable:
         symbolizer's frames) stays valid."""
         for pid in set(pids):
             proc = self.procfs.read(pid)  # outside the lock: /proc reads are slow
+            changed = False
             with self._lock:
                 known = self._table.get(pid)
                 if proc is not None:
                     same = known is not None and known[0] == proc
+                    changed = not same
                     self._table.put(pid, (known[0] if same and known else proc, self._round))
                 elif known is not None:
                     self._table.put(pid, (known[0], self._round))
+            if changed and proc is not None:
+                for listener in self.listeners:
+                    listener(proc)
 
     def noted(self, pids: Iterable[int], now: float) -> None:
         """Processes the kernel just noted (new, or just exec'd): read their
