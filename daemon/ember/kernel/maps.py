@@ -10,7 +10,6 @@ one system call (batches: one per bucket run) and reports errors with errno.
 from __future__ import annotations
 
 import array
-import contextlib
 import ctypes as ct
 import errno
 import mmap
@@ -214,20 +213,28 @@ class RingBuffer:
 
 class RowArray:
     """ember_unwind_rows: an mmap-able BPF array of unwind rows, written
-    through the mapping (one memory copy per object, not a system call per
-    row). Array values are 8-byte aligned in the mapping."""
+    through a mapping of it (one memory copy per object, not a system call
+    per row). The mapping lives only while writing: pages of a BPF array
+    mapped into the agent count in its RSS. Values are 8-byte aligned."""
 
     STRIDE = (ct.sizeof(abi.UnwindRow) + 7) & ~7
 
     def __init__(self, name: str, fd: int, max_entries: int):
         self.name = name
+        self.fd = fd
         self.max_entries = max_entries
-        size = self.STRIDE * max_entries
-        size = (size + mmap.PAGESIZE - 1) // mmap.PAGESIZE * mmap.PAGESIZE
+
+    def _map(self, first: int, n: int) -> tuple[mmap.mmap, int]:
+        """A mapping of the pages holding rows [first, first + n), and the
+        offset of row first in it."""
+        start = first * self.STRIDE
+        base = start - start % mmap.ALLOCATIONGRANULARITY
+        size = (first + n) * self.STRIDE - base
         try:
-            self._mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+            return mmap.mmap(self.fd, size, mmap.MAP_SHARED,
+                             mmap.PROT_READ | mmap.PROT_WRITE, offset=base), start - base
         except OSError as exc:
-            raise BpfError(f"mmap of map {name}: {exc.strerror or exc}") from None
+            raise BpfError(f"mmap of map {self.name}: {exc.strerror or exc}") from None
 
     def write(self, start: int, rows: bytes) -> None:
         """Rows packed as ember_unwind_row (12 bytes each) from index start."""
@@ -235,22 +242,26 @@ class RowArray:
         n = len(rows) // size
         if start < 0 or start + n > self.max_entries:
             raise BpfError(f"{self.name}: rows {start}..{start + n} past {self.max_entries}")
-        if size == self.STRIDE:
-            self._mm[start * size:(start + n) * size] = rows
+        if not n:
             return
-        src = np.frombuffer(rows, dtype=np.uint8, count=n * size).reshape(n, size)
-        dst = np.frombuffer(self._mm, dtype=np.uint8, count=self.max_entries * self.STRIDE)
-        dst = dst.reshape(self.max_entries, self.STRIDE)
-        dst[start:start + n, :size] = src
-        del dst
+        mm, at = self._map(start, n)
+        try:
+            if size == self.STRIDE:
+                mm[at:at + n * size] = rows
+            else:
+                dst = np.frombuffer(mm, dtype=np.uint8, count=n * self.STRIDE, offset=at)
+                dst.reshape(n, self.STRIDE)[:, :size] = np.frombuffer(
+                    rows, dtype=np.uint8, count=n * size).reshape(n, size)
+                del dst
+        finally:
+            mm.close()
 
     def read(self, index: int) -> abi.UnwindRow:
-        off = index * self.STRIDE
-        return abi.UnwindRow.from_buffer_copy(self._mm[off:off + ct.sizeof(abi.UnwindRow)])
-
-    def close(self) -> None:
-        with contextlib.suppress(BufferError):  # a view still open: it goes with the process
-            self._mm.close()
+        mm, at = self._map(index, 1)
+        try:
+            return abi.UnwindRow.from_buffer_copy(mm[at:at + ct.sizeof(abi.UnwindRow)])
+        finally:
+            mm.close()
 
 
 class UnwindMaps:
@@ -279,7 +290,7 @@ class UnwindMaps:
         self.procs.delete(ct.c_uint32(pid))
 
     def close(self) -> None:
-        self.rows.close()
+        pass
 
 
 def read_ustack(m: BpfMap, stack_id: int) -> tuple[tuple[int, ...], int] | None:

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Protocol
 
 from .. import abi
+from ..cache import BoundedCache
 from ..errors import EmberError
 from ..symbols.elf import ElfSymbols
 from ..symbols.procmaps import MapEntry, Process, ProcFS
@@ -80,9 +81,11 @@ class _Object:
 
 @dataclass(frozen=True)
 class _Known:
-    """What the loader knows of an object, loaded or not."""
+    """What the loader keeps of an object, loaded or not: where it opened
+    it and its load segments, never its rows (they live in the kernel; an
+    evicted object is read again, from the disk cache when there is one)."""
 
-    table: UnwindTable | None          # None: no usable table (and why in failed)
+    path: Path | None                  # None: no usable table (counted in tables_failed)
     vaddr_of_offset: Callable[[int], int | None]
 
 
@@ -119,6 +122,11 @@ def _no_vaddr(_offset: int) -> int | None:
     return None
 
 
+def _reason(exc: EmberError) -> str:
+    """A metric label for why an object has no table: the error's label."""
+    return exc.label
+
+
 def _object_key(entry: MapEntry) -> tuple[str, int]:
     return entry.dev, entry.inode
 
@@ -136,9 +144,14 @@ class TableLoader:
         self.rows = RowAllocator(min(t.row_capacity for t in self.targets))
         self.max_processes = min(t.process_capacity for t in self.targets)
         self.stats = LoaderStats()
-        self._known: dict[tuple[str, int], _Known] = {}
+        self._known: BoundedCache[tuple[str, int], _Known] = BoundedCache(
+            "unwind_objects", 1 << 14)
         self._loaded: dict[tuple[str, int], _Object] = {}
         self._processes: dict[int, tuple[int, set[tuple[str, int]]]] = {}  # pid -> start, objects
+        # objects that did not fit, with the value of _freed then: tried
+        # again only once some table has lost its last user
+        self._no_room: dict[tuple[str, int], int] = {}
+        self._freed = 0
         self._lock = threading.Lock()
         self._queue: queue.Queue[Process | None] = queue.Queue()
         self._thread: threading.Thread | None = None
@@ -201,12 +214,10 @@ class TableLoader:
                 continue  # JIT, anonymous, vdso: frame pointers
             key = _object_key(entry)
             info = self._know(proc.pid, entry, key)
-            if info.table is None:
-                continue
             vaddr = info.vaddr_of_offset(entry.offset)
-            if vaddr is None:
+            if info.path is None or vaddr is None:
                 continue
-            obj = self._place(key, info.table)
+            obj = self._place(key, info.path)
             if obj is None:
                 continue
             m.bias = (entry.start - vaddr) & 0xFFFF_FFFF_FFFF_FFFF
@@ -228,34 +239,25 @@ class TableLoader:
             t.set_process(proc.pid, value)
 
     def _know(self, pid: int, entry: MapEntry, key: tuple[str, int]) -> _Known:
+        """Open the object once: where, and its load segments."""
         info = self._known.get(key)
         if info is not None:
             return info
-        t0 = time.monotonic()
-        table: UnwindTable | None = None
-        vaddr_of_offset: Callable[[int], int | None] = _no_vaddr
+        info = _Known(None, _no_vaddr)
         for path in self.procfs.object_candidates(pid, entry):
             try:
                 elf = ElfSymbols(path, symbols=False)
-                table = self._table(path, elf)
-            except FileNotFoundError:
-                continue
             except EmberError as exc:
-                self._failed(type(exc).__name__)
+                if isinstance(exc.__cause__, FileNotFoundError):
+                    continue
+                self._failed(_reason(exc))
                 log.debug("no unwind table for %s: %s", entry.path, exc)
                 break
-            except OSError:
-                continue
-            vaddr_of_offset = elf.vaddr_of_offset
-            if not table.row_count:
-                self._failed("empty")
-                table = None
+            info = _Known(path, elf.vaddr_of_offset)
             break
         else:
             self._failed("unreadable")
-        self.stats.build_seconds += time.monotonic() - t0
-        info = _Known(table, vaddr_of_offset)
-        self._known[key] = info
+        self._known.put(key, info)
         return info
 
     def _table(self, path: Path, elf: ElfSymbols) -> UnwindTable:
@@ -272,19 +274,38 @@ class TableLoader:
     def _failed(self, reason: str) -> None:
         self.stats.tables_failed[reason] = self.stats.tables_failed.get(reason, 0) + 1
 
-    def _place(self, key: tuple[str, int], table: UnwindTable) -> _Object | None:
+    def _place(self, key: tuple[str, int], path: Path) -> _Object | None:
         """The object's rows in the array: loaded now if they were not."""
         with self._lock:
             obj = self._loaded.get(key)
             if obj is not None:
                 return obj
+            if self._no_room.get(key) == self._freed:
+                return None  # nothing was given up since it did not fit
+        t0 = time.monotonic()
+        try:
+            table = self._table(path, ElfSymbols(path, symbols=False))
+        except EmberError as exc:
+            self._failed(_reason(exc))
+            log.debug("no unwind table for %s: %s", path, exc)
+            self._known.put(key, _Known(None, _no_vaddr))
+            return None
+        finally:
+            self.stats.build_seconds += time.monotonic() - t0
+        if not table.row_count:
+            self._failed("empty")
+            self._known.put(key, _Known(None, _no_vaddr))
+            return None
+        with self._lock:
             n = table.row_count
             start = self.rows.take(n)
             while start is None and self._evict_one():
                 start = self.rows.take(n)
             if start is None:
                 self._failed("full")
+                self._no_room[key] = self._freed
                 return None
+            self._no_room.pop(key, None)
             obj = _Object(start, n)
             self._loaded[key] = obj
         for t in self.targets:
@@ -310,6 +331,8 @@ class TableLoader:
         if obj is not None:
             obj.users.discard(pid)
             obj.last_used = time.monotonic()
+            if not obj.users:
+                self._freed += 1
 
     # --- processes that went away ---
     def forget(self, pids: Iterable[int]) -> None:
