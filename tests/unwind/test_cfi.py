@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import random
 import struct
+import tracemalloc
 
 import pytest
 
@@ -336,3 +337,33 @@ def _decode_or_raise(data: bytes) -> DecodedRows | None:
     pcs = [pc for pc, *_ in ROW.iter_unpack(decoded.rows)]
     assert pcs == sorted(set(pcs))
     return decoded
+
+
+def test_fdes_in_any_order_and_overlapping_by_length() -> None:
+    # equal starts: the shorter FDE keeps its range, the longer is clipped
+    t = table((0x1000, 0x20, bytes([0x0E, 24])), (0x1000, 0x10, bytes([0x0E, 16])))
+    assert t.overlaps == 1 and t.covered == 0x20
+    assert [(r.pc, r.cfa_type, r.cfa_offset) for r in all_rows(t)] == [
+        (0x1000, CFA_RSP, 16), (0x1010, CFA_RSP, 24), (0x1020, CFA_NONE, 0)]
+    fdes = [(0x10000 + 0x40 * i, 0x20 + i % 3 * 0x10, bytes([0x41, 0x0E, 8 + i % 5 * 8]))
+            for i in range(500)]
+    shuffled = fdes[:]
+    random.Random(3).shuffle(shuffled)
+    assert table(*shuffled).rows == table(*fdes).rows
+
+
+def test_decoding_memory_is_a_small_multiple_of_the_rows() -> None:
+    # no Python object per FDE or per row is kept while decoding
+    insns = bytes([0x41, 0x0E, 16, 0x86, 2, 0x41, 0x0E, 24, 0x42, 0x0E, 32, 0x41, 0x0E, 8])
+    fdes = [(0x10000 + 0x40 * i, 0x30, insns) for i in range(20000)]
+    random.Random(5).shuffle(fdes)
+    section = CfiSection(".eh_frame", eh_frame(fdes), ADDR)
+    del fdes
+    tracemalloc.start()
+    try:
+        decoded = decode(section, "big.so")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert len(decoded.rows) == 20000 * 6 * ROW.size and decoded.fdes == 20000
+    assert peak < 3 * len(decoded.rows) + (1 << 20), peak  # was 29 times the rows

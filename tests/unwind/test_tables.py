@@ -6,13 +6,15 @@ rebuilds what is corrupt and keeps nothing it cannot name by build id."""
 from __future__ import annotations
 
 import shutil
+import struct
 import subprocess
+import zlib
 from pathlib import Path
 
 import pytest
 
 from ember.errors import UnwindTableError
-from ember.unwind.cfa import CFA_END, CFA_PLT, CFA_RBP, CFA_RSP, RBP_SAME
+from ember.unwind.cfa import CFA_END, CFA_PLT, CFA_RBP, CFA_RSP, RBP_SAME, ROW
 from ember.unwind.tables import DiskUnwindCache, UnwindTable, build_table, cached_table, lookup
 from tests.support.elf import nm_sized
 
@@ -146,10 +148,12 @@ def test_disk_cache_round_trip(tmp_path: Path, program: Path) -> None:
                                                  built.covered, built.build_id)
     for pc in range(0, 0x2000, 7):
         assert lookup(cached, pc) == lookup(built, pc)
+    assert list(cached.pcs) == [pc for pc, *_ in ROW.iter_unpack(cached.rows)]
     assert cached_table(program, None) == built  # no cache at all
 
 
-@pytest.mark.parametrize("damage", ["flip", "truncate", "garbage", "empty", "version"])
+@pytest.mark.parametrize("damage", ["flip", "truncate", "garbage", "empty", "version",
+                                    "unsorted", "longer"])
 def test_corrupt_cache_files_are_rebuilt(tmp_path: Path, program: Path, damage: str) -> None:
     built = cached_table(program, tmp_path)
     path = tmp_path / f"{built.build_id}.unw"
@@ -162,6 +166,14 @@ def test_corrupt_cache_files_are_rebuilt(tmp_path: Path, program: Path, damage: 
         blob = bytearray(b"\x00" * 50)
     elif damage == "empty":
         blob = bytearray()
+    elif damage in ("unsorted", "longer"):  # with a checksum that matches
+        body = blob[:-4]
+        if damage == "unsorted":
+            rows = len(body) - built.row_count * ROW.size
+            body[rows:rows + 24] = body[rows + 12:rows + 24] + body[rows:rows + 12]
+        else:
+            body += b"\0"
+        blob = body + struct.pack("<I", zlib.crc32(body))
     else:
         blob[8] += 1  # another format version
     path.write_bytes(bytes(blob))

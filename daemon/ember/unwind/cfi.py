@@ -14,9 +14,13 @@ keeps its range and the other is clipped to what is left.
 
 from __future__ import annotations
 
+import io
 import struct
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+import numpy as np
 
 from ..errors import UnwindTableError
 from .cfa import (
@@ -124,9 +128,13 @@ def _parse_cie(d: bytes, at: int, sec: CfiSection, eh: bool) -> Cie | None:
     return cie._replace(init=init)
 
 
-# an FDE to evaluate: (start, stop, section's order, offset, CIE, first
-# instruction, end, section)
-_Fde = tuple[int, int, int, int, Cie, int, int, CfiSection]
+# an FDE to evaluate, as _FIELDS consecutive uint64s in an array (no Python
+# object per FDE): the sort key (start, length, section's order, offset) -- by
+# length is by end, as the starts are equal -- then the CIE's offset, the
+# first instruction and the end of the record
+_FIELDS = 7
+_ROW_TAIL = struct.Struct("<ihBB")  # a ROW after its pc
+_NONE_TAIL = _ROW_TAIL.pack(*NONE_ROW)
 
 
 def decode(sections: CfiSection | Sequence[CfiSection], where: str) -> DecodedRows:
@@ -136,19 +144,27 @@ def decode(sections: CfiSection | Sequence[CfiSection], where: str) -> DecodedRo
     offset, when a section is malformed; pcs past 4 GiB raise too."""
     if isinstance(sections, CfiSection):
         sections = [sections]
-    fdes: list[_Fde] = []
+    fdes = array("Q")
+    cies: list[dict[int, Cie | None]] = []
     skipped = 0
     for order, sec in enumerate(sections):
-        skipped += _fdes(sec, where, order, fdes)
-    return _rows(where, sorted(fdes, key=lambda f: f[:4]), skipped)
+        cies.append({})
+        skipped += _fdes(sec, where, order, fdes, cies[-1])
+    table = np.frombuffer(fdes, dtype=np.uint64).reshape(-1, _FIELDS)
+    by_pc = array("I", np.lexsort((table[:, 3], table[:, 2], table[:, 1], table[:, 0]))
+                  .astype(np.uint32).tobytes())
+    del table
+    return _rows(where, sections, cies, fdes, by_pc, skipped)
 
 
-def _fdes(sec: CfiSection, where: str, order: int, fdes: list[_Fde]) -> int:
-    """Append the section's FDEs to fdes; the number skipped (CIE not known)."""
+def _fdes(sec: CfiSection, where: str, order: int, fdes: array[int],
+          cies: dict[int, Cie | None]) -> int:
+    """Append the section's FDEs to fdes (_FIELDS each), the CIEs they use to
+    cies (by offset); the number skipped (CIE not known)."""
     d, eh = sec.data, sec.name == ".eh_frame"
-    cies: dict[int, Cie | None] = {}
     skipped = 0
     at = rec = 0
+    extend = fdes.extend
     try:
         while at < len(d):
             rec = fde_at = at
@@ -179,7 +195,7 @@ def _fdes(sec: CfiSection, where: str, order: int, fdes: list[_Fde]) -> int:
                 i += n
             if i > end:
                 raise Malformed("FDE header runs past the end of the FDE")
-            fdes.append((start, start + length, order, fde_at, cie, i, end, sec))
+            extend((start, length, order, fde_at, cie_at, i, end))
     except Malformed as exc:
         raise UnwindTableError(f"{where}: {sec.name} at {rec:#x}: {exc}") from None
     except (IndexError, struct.error):
@@ -188,22 +204,37 @@ def _fdes(sec: CfiSection, where: str, order: int, fdes: list[_Fde]) -> int:
     return skipped
 
 
-def _rows(where: str, fdes: list[_Fde], skipped: int) -> DecodedRows:
-    out_pc: list[int] = []
-    out_row: list[tuple[int, int, int, int]] = []
-    known: dict[State, tuple[int, int, int, int]] = {}
+def _rows(where: str, sections: Sequence[CfiSection], cies: list[dict[int, Cie | None]],
+          fdes: array[int], by_pc: array[int], skipped: int) -> DecodedRows:
+    """Evaluate the FDEs in by_pc's order, packing their rows straight into
+    one buffer (a row equal to the last one is left out; one at the last
+    row's pc replaces it)."""
+    out = io.BytesIO()
+    write, seek = out.write, out.seek
+    pack_pc = _U32.pack
+    known: dict[State, bytes] = {}   # states' rows, packed without their pc
+    last_pc, last_row = -1, b""
     covered, kept, overlaps, not_understood, covered_bytes = -1, 0, 0, 0, 0
 
-    def emit(pc: int, row: tuple[int, int, int, int]) -> None:
-        if out_pc and pc <= out_pc[-1]:
-            if pc == out_pc[-1]:
-                out_row[-1] = row
+    def emit(pc: int, row: bytes) -> None:
+        nonlocal last_pc, last_row
+        if pc <= last_pc:
+            if pc == last_pc:
+                seek(-_ROW_TAIL.size, io.SEEK_END)
+                write(row)
+                last_row = row
             return
-        if not out_row or out_row[-1] != row:
-            out_pc.append(pc)
-            out_row.append(row)
+        if row != last_row:
+            write(pack_pc(pc) + row)
+            last_pc, last_row = pc, row
 
-    for start, stop, _, rec, cie, i, end, sec in fdes:
+    def row_of(s: State) -> bytes:
+        row = known[s] = _ROW_TAIL.pack(*classify(s))
+        return row
+
+    for k in by_pc:
+        start, length, order, rec, cie_at, i, end = fdes[k * _FIELDS:(k + 1) * _FIELDS]
+        stop, sec = start + length, sections[order]
         if stop <= start or start == 0:
             skipped += 1
             continue
@@ -218,7 +249,9 @@ def _rows(where: str, fdes: list[_Fde], skipped: int) -> DecodedRows:
                 continue
             lo = covered
         elif covered >= 0 and start > covered:
-            emit(covered, NONE_ROW)
+            emit(covered, _NONE_TAIL)
+        cie = cies[order][cie_at]
+        assert cie is not None  # FDEs of unknown CIEs were not kept
         pcs: list[int] = []
         states: list[State] = []
         try:
@@ -240,19 +273,21 @@ def _rows(where: str, fdes: list[_Fde], skipped: int) -> DecodedRows:
                 carry = s
                 continue
             if carry is not None:
-                emit(lo, known.get(carry) or known.setdefault(carry, classify(carry)))
+                emit(lo, known.get(carry) or row_of(carry))
                 carry = None
-            emit(pc, known.get(s) or known.setdefault(s, classify(s)))
+            row = known.get(s) or row_of(s)
+            if pc > last_pc:  # emit(pc, row), inlined: most rows go this way
+                if row != last_row:
+                    write(pack_pc(pc) + row)
+                    last_pc, last_row = pc, row
+            else:
+                emit(pc, row)
         if carry is not None:
-            emit(lo, known.get(carry) or known.setdefault(carry, classify(carry)))
+            emit(lo, known.get(carry) or row_of(carry))
         covered_bytes += stop - lo
         covered = stop
         kept += 1
     if covered >= 0:
-        emit(covered, NONE_ROW)
-    flat: list[int] = []
-    for pc, row in zip(out_pc, out_row, strict=True):
-        flat.append(pc)
-        flat.extend(row)
-    packed = struct.pack("<" + "IihBB" * len(out_pc), *flat)
+        emit(covered, _NONE_TAIL)
+    packed = out.getvalue()  # the buffer itself, not a copy
     return DecodedRows(packed, kept, overlaps, skipped, not_understood, covered_bytes)

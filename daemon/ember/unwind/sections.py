@@ -91,7 +91,7 @@ def _read(f: BinaryIO, path: str) -> CfiSections:
             if kind != ELFCOMPRESS_ZLIB or full > _MAX_SECTION:
                 log.debug("%s: %s compressed with %d: not read", path, name.decode(), kind)
                 return None
-            data = zlib.decompress(data[_CHDR.size:], bufsize=full)
+            data = zlib.decompress(memoryview(data)[_CHDR.size:], bufsize=full)
         return CfiSection(name.decode(), data, h[3], addr(b".text"), addr(b".got"))
 
     text = by_name.get(b".text")

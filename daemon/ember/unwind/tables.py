@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import bisect
 import contextlib
-import itertools
 import logging
 import os
 import re
@@ -30,6 +29,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
+from typing import BinaryIO
+
+import numpy as np
+import numpy.typing as npt
 
 from ..abi import CFA_NONE, CFA_RBP, CFA_RSP
 from ..errors import ElfError, UnwindTableError
@@ -74,8 +77,7 @@ class UnwindTable:
     @cached_property
     def pcs(self) -> array[int]:
         """The rows' pcs, for bisecting."""
-        return array("I", b"".join(self.rows[at:at + 4]
-                                   for at in range(0, len(self.rows), ROW.size)))
+        return array("I", _pcs(self.rows).tobytes())
 
     @property
     def coverage(self) -> float:
@@ -83,6 +85,11 @@ class UnwindTable:
         CFA from rsp or rbp, return address at CFA-8."""
         real = self.row_count - self.cfa_counts[CFA_NONE]
         return (self.cfa_counts[CFA_RSP] + self.cfa_counts[CFA_RBP]) / real if real else 0.0
+
+
+def _pcs(rows: bytes) -> npt.NDArray[np.uint32]:
+    """The pcs of packed rows: a view, not a copy."""
+    return np.frombuffer(rows, dtype="<u4")[::ROW.size // 4]
 
 
 def lookup(table: UnwindTable, pc: int) -> Row | None:
@@ -162,20 +169,19 @@ class DiskUnwindCache:
         if where is None:
             return None
         try:
-            blob = where.read_bytes()
+            with open(where, "rb") as f:
+                table = _decode(f, build_id, path)
         except FileNotFoundError:
             self.stats.misses += 1
             return None
-        except OSError as exc:
-            log.debug("unwind cache %s: %s", where, exc)
-            self.stats.errors += 1
-            return None
-        try:
-            table = _decode(blob, build_id, path)
         except (ValueError, struct.error, UnicodeDecodeError, UnwindTableError) as exc:
             log.warning("unwind cache: %s is corrupt (%s); deleting it", where, exc)
             self.stats.errors += 1
             where.unlink(missing_ok=True)
+            return None
+        except OSError as exc:
+            log.debug("unwind cache %s: %s", where, exc)
+            self.stats.errors += 1
             return None
         self.stats.hits += 1
         with contextlib.suppress(OSError):
@@ -226,24 +232,27 @@ def _encode(table: UnwindTable) -> bytes:
     return body + struct.pack("<I", zlib.crc32(body))
 
 
-def _decode(blob: bytes, build_id: str, path: str) -> UnwindTable:
-    if len(blob) < _HEADER.size + 4:
+def _decode(f: BinaryIO, build_id: str, path: str) -> UnwindTable:
+    """The table in the open cache file f, its rows read straight into their
+    bytes (the file is not held in memory as well)."""
+    size = os.fstat(f.fileno()).st_size
+    head = f.read(_HEADER.size)
+    if size < _HEADER.size + 4 or len(head) < _HEADER.size:
         raise ValueError("truncated")
-    body, crc = blob[:-4], struct.unpack("<I", blob[-4:])[0]
-    if zlib.crc32(body) != crc:
-        raise ValueError("checksum mismatch")
-    magic, version, count, fdes, overlaps, covered, source_len = _HEADER.unpack_from(body)
+    magic, version, count, fdes, overlaps, covered, source_len = _HEADER.unpack(head)
     if magic != _MAGIC or version != _VERSION:
         raise ValueError(f"not a version {_VERSION} ember unwind file")
-    rows_at = _HEADER.size + source_len
-    if rows_at + count * ROW.size != len(body):
+    if _HEADER.size + source_len + count * ROW.size + 4 != size:
         raise ValueError("sizes do not add up")
-    rows = body[rows_at:]
-    pcs = [pc for pc, *_ in ROW.iter_unpack(rows)]
-    if any(b <= a for a, b in itertools.pairwise(pcs)):
+    source, rows, crc = f.read(source_len), f.read(count * ROW.size), f.read(4)
+    if len(crc) != 4:
+        raise ValueError("truncated")
+    if zlib.crc32(rows, zlib.crc32(source, zlib.crc32(head))) != struct.unpack("<I", crc)[0]:
+        raise ValueError("checksum mismatch")
+    pcs = _pcs(rows)
+    if np.any(pcs[1:] <= pcs[:-1]):
         raise ValueError("rows not sorted by pc")
-    source = body[_HEADER.size:rows_at].decode()
-    return UnwindTable.of(path, build_id, source,
+    return UnwindTable.of(path, build_id, source.decode(),
                           DecodedRows(rows, fdes, overlaps, 0, 0, covered))
 
 
