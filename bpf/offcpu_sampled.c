@@ -194,6 +194,77 @@ static __always_inline void *ember_count_block(void *ctx, struct ember_config *c
     return 0;
 }
 
+#if EMBER_UNWIND
+/* One step program and prog array per hook: a tracing program may only
+ * tail-call programs attached where it is. */
+BPF_PROG_ARRAY(ember_unwind_progs_switch, 1);
+BPF_PROG_ARRAY(ember_unwind_progs_resume, 1);
+BPF_PROG_ARRAY(ember_unwind_progs_resume_exit, 1);
+
+int ember_unwind_step_switch(u64 *ctx)
+{
+    u32 zero = 0;
+    struct ember_unwind_state *st = ember_unwind_state.lookup(&zero);
+    if (!st)
+        return 0;
+    if (ember_unwind_walk(st)) {
+        ember_unwind_progs_switch.call(ctx, 0);
+        st->stack.end = EMBER_UNWIND_END_TRUNCATED; /* out of tail calls */
+    }
+    ember_unwind_count(st);
+    return 0;
+}
+#endif
+
+/* next switches in: its blocked time ends (at its wakeup, if seen); choose
+ * whether its block is recorded, and note its kernel stack and registers for
+ * the resume hook. */
+static __always_inline void ember_switch_in(struct ember_config *cfg, struct task_struct *next,
+                                            u64 now)
+{
+    struct ember_block *b = ember_blocks.task_storage_get(next, 0, 0);
+    if (!b || !b->ts)
+        return;
+    /* blocked until the wakeup; a thread with no wakeup seen (preempted, or
+     * woken before we knew of it) until now */
+    u64 end = b->wake_ts >= b->ts && b->wake_ts <= now ? b->wake_ts : now;
+    u64 d = end - b->ts;
+    b->ts = 0;
+    if (d < cfg->min_block_ns) {
+        ember_stat_add(EMBER_STAT_BELOW_MIN, 1);
+        return;
+    }
+    if (cfg->max_block_ns && d > cfg->max_block_ns) {
+        ember_stat_add(EMBER_STAT_ABOVE_MAX, 1);
+        return;
+    }
+    ember_stat_add(EMBER_STAT_EVENTS, 1);
+    u64 t = cfg->sample_ns;
+    u64 weight_count = 1, weight_ns = d;
+    if (t && d < t) {
+        /* taken with probability d / t; then it stands for t / d blocks,
+         * rounded at random so the count stays unbiased, and t ns */
+        if (((u64)bpf_get_prandom_u32() * t) >> 32 >= d)
+            return;
+        u64 whole = t / d, frac = ((t % d) << 32) / d;
+        weight_count = whole + ((u64)bpf_get_prandom_u32() < frac ? 1 : 0);
+        weight_ns = t;
+    }
+    ember_stat_add(EMBER_STAT_SAMPLED, 1);
+    u32 epoch = cfg->epoch;
+    b->stack_epoch = epoch;
+    b->pending_state = b->state;
+    b->weight_count = weight_count;
+    b->kernel_stack_id = EMBER_STACK_NONE;
+    if (cfg->stack_flags & EMBER_STACK_KERNEL) {
+        b->kernel_stack_id = ember_task_kstack(next, epoch);
+        ember_stack_error(b->kernel_stack_id, EMBER_STAT_KERNEL_STACK_COLLISION,
+                          EMBER_STAT_KERNEL_STACK_ERROR);
+    }
+    ember_user_regs(next, &b->user_ip, &b->user_sp);
+    b->weight_ns = weight_ns; /* last: marks the block pending */
+}
+
 /* tp_btf/sched_switch(bool preempt, prev, next, unsigned int prev_state) */
 int ember_sampled_switch(u64 *ctx)
 {
@@ -205,14 +276,17 @@ int ember_sampled_switch(u64 *ctx)
     u64 now = bpf_ktime_get_ns();
 
     u64 id = bpf_get_current_pid_tgid();
+    struct ember_block *pending = 0;
+    bool exact_user = false;
     if ((u32)id != 0) {
         struct ember_block *b = ember_blocks.task_storage_get(prev, 0, 0);
         if (b && b->weight_ns) {
-            /* chosen earlier and not counted at a system call exit */
+            /* chosen earlier and not counted at a system call exit: counted
+             * last, below (its user stack walk may tail-call) */
             u64 ip, sp;
             ember_user_regs(prev, &ip, &sp);
-            ember_count_block(ctx, cfg, b,
-                              b->resume_seen && ip == b->user_ip && sp == b->user_sp, false);
+            pending = b;
+            exact_user = b->resume_seen && ip == b->user_ip && sp == b->user_sp;
         }
         bool preempt = (bool)ctx[0];
         u32 raw = (u32)ctx[3];
@@ -238,47 +312,21 @@ int ember_sampled_switch(u64 *ctx)
         }
     }
 
-    struct ember_block *b = ember_blocks.task_storage_get(next, 0, 0);
-    if (!b || !b->ts)
+    ember_switch_in(cfg, next, now);
+    if (!pending)
         return 0;
-    /* blocked until the wakeup; a thread with no wakeup seen (preempted, or
-     * woken before we knew of it) until now */
-    u64 end = b->wake_ts >= b->ts && b->wake_ts <= now ? b->wake_ts : now;
-    u64 d = end - b->ts;
-    b->ts = 0;
-    if (d < cfg->min_block_ns) {
-        ember_stat_add(EMBER_STAT_BELOW_MIN, 1);
-        return 0;
+    void *walk = ember_count_block(ctx, cfg, pending, exact_user, true);
+#if EMBER_UNWIND
+    struct ember_unwind_state *st = walk;
+    if (st) {
+        if (ember_unwind_walk(st)) {
+            ember_unwind_progs_switch.call(ctx, 0);
+            st->stack.end = EMBER_UNWIND_END_TRUNCATED;
+        }
+        ember_unwind_count(st);
     }
-    if (cfg->max_block_ns && d > cfg->max_block_ns) {
-        ember_stat_add(EMBER_STAT_ABOVE_MAX, 1);
-        return 0;
-    }
-    ember_stat_add(EMBER_STAT_EVENTS, 1);
-    u64 t = cfg->sample_ns;
-    u64 weight_count = 1, weight_ns = d;
-    if (t && d < t) {
-        /* taken with probability d / t; then it stands for t / d blocks,
-         * rounded at random so the count stays unbiased, and t ns */
-        if (((u64)bpf_get_prandom_u32() * t) >> 32 >= d)
-            return 0;
-        u64 whole = t / d, frac = ((t % d) << 32) / d;
-        weight_count = whole + ((u64)bpf_get_prandom_u32() < frac ? 1 : 0);
-        weight_ns = t;
-    }
-    ember_stat_add(EMBER_STAT_SAMPLED, 1);
-    u32 epoch = cfg->epoch;
-    b->stack_epoch = epoch;
-    b->pending_state = b->state;
-    b->weight_count = weight_count;
-    b->kernel_stack_id = EMBER_STACK_NONE;
-    if (cfg->stack_flags & EMBER_STACK_KERNEL) {
-        b->kernel_stack_id = ember_task_kstack(next, epoch);
-        ember_stack_error(b->kernel_stack_id, EMBER_STAT_KERNEL_STACK_COLLISION,
-                          EMBER_STAT_KERNEL_STACK_ERROR);
-    }
-    ember_user_regs(next, &b->user_ip, &b->user_sp);
-    b->weight_ns = weight_ns; /* last: marks the block pending */
+#endif
+    (void)walk;
     return 0;
 }
 
@@ -316,11 +364,6 @@ static __always_inline void *ember_resume(u64 *ctx)
 }
 
 #if EMBER_UNWIND
-/* One step program and prog array per hook: a tracing program may only
- * tail-call programs attached where it is. */
-BPF_PROG_ARRAY(ember_unwind_progs_resume, 1);
-BPF_PROG_ARRAY(ember_unwind_progs_resume_exit, 1);
-
 int ember_unwind_step_resume(u64 *ctx)
 {
     u32 zero = 0;
