@@ -29,10 +29,10 @@ BPF_PROG_ARRAY(ember_unwind_progs_sched, 1);
 #define EMBER_ACTION_START 0
 #define EMBER_ACTION_WAKE 1
 
-/* Keep the start (switch-out) or wake entry with the walked user stack. */
-static __always_inline void ember_sched_finish(struct ember_unwind_state *st)
+/* Keep the start (switch-out) or wake entry with its user stack. */
+static __always_inline void ember_sched_finish_with(struct ember_unwind_state *st, s32 id,
+                                                    u32 unwinder)
 {
-    s32 id = ember_unwind_store(st);
     u32 tid = st->tid;
     if (st->action == EMBER_ACTION_WAKE) {
         st->wake.user_stack_id = id;
@@ -40,10 +40,15 @@ static __always_inline void ember_sched_finish(struct ember_unwind_state *st)
             ember_stat_add(EMBER_STAT_THREADS_FULL, 1);
     } else {
         st->start.user_stack_id = id;
-        st->start.unwinder = EMBER_UNWINDER_DWARF;
+        st->start.unwinder = unwinder;
         if (ember_starts.update(&tid, &st->start))
             ember_stat_add(EMBER_STAT_THREADS_FULL, 1);
     }
+}
+
+static __always_inline void ember_sched_finish(struct ember_unwind_state *st)
+{
+    ember_sched_finish_with(st, ember_unwind_store(st), EMBER_UNWINDER_DWARF);
 }
 
 /* Both hooks are classic tracepoints: one step program serves them. */
@@ -124,11 +129,8 @@ int ember_sched_waking(struct tracepoint__sched__sched_waking *args)
             st->wake = wake;
             st->tid = wakee;
             st->action = EMBER_ACTION_WAKE;
-            if (ember_unwind_walk(st)) {
-                ember_unwind_progs_sched.call(args, 0);
-                st->stack.end = EMBER_UNWIND_END_TRUNCATED;
-            }
-            ember_sched_finish(st);
+            ember_unwind_progs_sched.call(args, 0);
+            ember_sched_finish_with(st, ember_unwind_fp(args, st), EMBER_UNWINDER_FP);
             return 0;
         }
 #endif
@@ -280,11 +282,8 @@ int ember_sched_switch(struct tracepoint__sched__sched_switch *args)
             st->start = start;
             st->tid = tid;
             st->action = EMBER_ACTION_START;
-            if (ember_unwind_walk(st)) {
-                ember_unwind_progs_sched.call(args, 0);
-                st->stack.end = EMBER_UNWIND_END_TRUNCATED;
-            }
-            ember_sched_finish(st);
+            ember_unwind_progs_sched.call(args, 0);
+            ember_sched_finish_with(st, ember_unwind_fp(args, st), EMBER_UNWINDER_FP);
             return 0;
         }
     }

@@ -319,11 +319,8 @@ int ember_sampled_switch(u64 *ctx)
 #if EMBER_UNWIND
     struct ember_unwind_state *st = walk;
     if (st) {
-        if (ember_unwind_walk(st)) {
-            ember_unwind_progs_switch.call(ctx, 0);
-            st->stack.end = EMBER_UNWIND_END_TRUNCATED;
-        }
-        ember_unwind_count(st);
+        ember_unwind_progs_switch.call(ctx, 0);
+        ember_unwind_count_with(st, ember_unwind_fp(ctx, st), EMBER_UNWINDER_FP);
     }
 #endif
     (void)walk;
@@ -399,11 +396,8 @@ int ember_sampled_resume(u64 *ctx)
 #if EMBER_UNWIND
     struct ember_unwind_state *st = pending;
     if (st) {
-        if (ember_unwind_walk(st)) {
-            ember_unwind_progs_resume.call(ctx, 0);
-            st->stack.end = EMBER_UNWIND_END_TRUNCATED;
-        }
-        ember_unwind_count(st);
+        ember_unwind_progs_resume.call(ctx, 0);
+        ember_unwind_count_with(st, ember_unwind_fp(ctx, st), EMBER_UNWINDER_FP);
     }
 #endif
     (void)pending;
@@ -418,11 +412,8 @@ int ember_sampled_resume_exit(u64 *ctx)
 #if EMBER_UNWIND
     struct ember_unwind_state *st = pending;
     if (st) {
-        if (ember_unwind_walk(st)) {
-            ember_unwind_progs_resume_exit.call(ctx, 0);
-            st->stack.end = EMBER_UNWIND_END_TRUNCATED;
-        }
-        ember_unwind_count(st);
+        ember_unwind_progs_resume_exit.call(ctx, 0);
+        ember_unwind_count_with(st, ember_unwind_fp(ctx, st), EMBER_UNWINDER_FP);
     }
 #endif
     (void)pending;

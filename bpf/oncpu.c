@@ -59,11 +59,8 @@ int ember_on_cpu(struct bpf_perf_event_data *ctx)
             st->key = key;
             st->n = 1;
             st->ns = 0;
-            if (ember_unwind_walk(st)) {
-                ember_unwind_progs_cpu.call(ctx, 0);
-                st->stack.end = EMBER_UNWIND_END_TRUNCATED;
-            }
-            ember_unwind_count(st);
+            ember_unwind_progs_cpu.call(ctx, 0);
+            ember_unwind_count_with(st, ember_unwind_fp(ctx, st), EMBER_UNWINDER_FP);
             return 0;
         }
     }

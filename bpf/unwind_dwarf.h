@@ -11,8 +11,9 @@
  * and rbp where the row says it was saved. Code without a table (JIT,
  * anonymous memory, vdso, gaps) is walked by frame pointers.
  *
- * A program walks EMBER_UNWIND_FRAMES_PER_PROG frames, then tail-calls the
- * step program of its hook to go on (a bounded loop per program keeps the
+ * The hook's program only starts the walk and tail-calls the step program of
+ * its hook (verifying the walk once per hook, not twice); a step walks
+ * EMBER_UNWIND_FRAMES_PER_PROG frames, then tail-calls itself to go on (a bounded loop per program keeps the
  * verifier well under its limits; bcc cannot relocate bpf_loop callbacks).
  * The state lives in a per-CPU array between tail calls; the caller puts what
  * to do with the finished stack there (its key, or its start or wake entry)
@@ -278,12 +279,28 @@ static __always_inline s32 ember_unwind_store(struct ember_unwind_state *st)
     return rc;
 }
 
-/* The usual finish: add the pending key's events with the walked stack. */
+/* The caller's first tail call failed (its prog array is empty: never
+ * expected, the build fills every one before anything attaches): the user
+ * stack by frame pointers, as without tables. */
+static __always_inline s32 ember_unwind_fp(void *ctx, struct ember_unwind_state *st)
+{
+    s32 id = ember_stackid(ctx, st->stack_epoch, BPF_F_USER_STACK);
+    ember_stack_error(id, EMBER_STAT_USER_STACK_COLLISION, EMBER_STAT_USER_STACK_ERROR);
+    return id;
+}
+
+/* The usual finish: add the pending key's events with the user stack. */
+static __always_inline void ember_unwind_count_with(struct ember_unwind_state *st, s32 id,
+                                                    u32 unwinder)
+{
+    st->key.user_stack_id = id;
+    st->key.unwinder = unwinder;
+    ember_count_n(&st->key, st->n, st->ns);
+}
+
 static __always_inline void ember_unwind_count(struct ember_unwind_state *st)
 {
-    st->key.user_stack_id = ember_unwind_store(st);
-    st->key.unwinder = EMBER_UNWINDER_DWARF;
-    ember_count_n(&st->key, st->n, st->ns);
+    ember_unwind_count_with(st, ember_unwind_store(st), EMBER_UNWINDER_DWARF);
 }
 
 #endif /* EMBER_UNWIND */

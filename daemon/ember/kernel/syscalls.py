@@ -114,12 +114,16 @@ def map_delete_batch(fd: int, keys: int, count: int) -> tuple[int, int]:
 # --- programs ------------------------------------------------------------------
 
 def prog_load_tracing(insns: int, insn_bytes: int, name: bytes, btf_id: int,
-                      log: ct.Array[ct.c_char]) -> int:
-    """BPF_PROG_LOAD of a BTF tracepoint program (tp_btf); raises OSError, with
-    the verifier's log left in ``log``."""
+                      log: ct.Array[ct.c_char] | None = None) -> int:
+    """BPF_PROG_LOAD of a BTF tracepoint program (tp_btf); raises OSError.
+    With ``log``, the verifier's log is left there: it logs every instruction
+    it walks, which makes a big program's load several times slower, so
+    load without it and ask again for the log only when the load fails."""
     license_ = ct.c_char_p(b"GPL")
     attr = _attr(_PROG_LOAD, PROG_TYPE_TRACING, insn_bytes // 8, insns,
-                 ct.cast(license_, ct.c_void_p).value or 0, 1, len(log), ct.addressof(log),
+                 ct.cast(license_, ct.c_void_p).value or 0, 1 if log is not None else 0,
+                 len(log) if log is not None else 0,
+                 ct.addressof(log) if log is not None else 0,
                  0, 0, name[:15], 0, TRACE_RAW_TP, 0, 0, 0, 0, 0, 0, 0, btf_id)
     return bpf(PROG_LOAD, attr, "prog load")
 

@@ -38,10 +38,14 @@ def load_tp_btf(bpf: Any, fn_name: str, tracepoint: str) -> int:
     if btf_id <= 0:
         raise BpfError(f"tracepoint {tracepoint} not in the kernel's BTF "
                        "(needs CONFIG_DEBUG_INFO_BTF)")
-    log = ct.create_string_buffer(_LOG_SIZE)
+    insns = ct.cast(start, ct.c_void_p).value or 0
     try:
-        return syscalls.prog_load_tracing(ct.cast(start, ct.c_void_p).value or 0, size, name,
-                                        btf_id, log)
+        return syscalls.prog_load_tracing(insns, size, name, btf_id)
+    except OSError:
+        pass
+    log = ct.create_string_buffer(_LOG_SIZE)  # again, for the verifier's reasons
+    try:
+        return syscalls.prog_load_tracing(insns, size, name, btf_id, log)
     except OSError as exc:
         tail = log.value.decode(errors="replace").strip().splitlines()[-12:]
         raise BpfError(f"loading {fn_name} for tp_btf/{tracepoint} failed: "
