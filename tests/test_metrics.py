@@ -25,6 +25,8 @@ def test_docs_name_only_real_metrics() -> None:
                                 "ember_tstacks", "ember_stats", "ember_runq_hist",
                                 "ember_cpu", "ember_offcpu", "ember_runqlat", "ember_wakeup",
                                 "ember_offwake", "ember_sampled", "ember_sched",
-                                "ember_on_cpu", "ember_capture")):
+                                "ember_on_cpu", "ember_capture", "ember_unwind_procs",
+                                "ember_ustacks", "ember_unwind_state", "ember_unwind_progs",
+                                "ember_unwind_step")):
                 continue
             assert name in known, f"{doc} names {name}, which ember does not export"
