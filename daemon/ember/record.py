@@ -102,7 +102,12 @@ class RecordOptions:
             min_block_ns=self.min_block_us * 1000, max_block_ns=self.max_block_us * 1000,
             sample_ns=self.sample_us * 1000, state_mask=self.state_mask(),
             sys_exit=self.sys_exit_hook, include_self=self.include_self,
-            unwinder=self.unwinder)
+            unwinder=self.unwinder, preload_s=PRELOAD_S)
+
+
+#: How long a recording of named PIDs waits for their unwind tables before
+#: attaching (a few hundred ms in practice; the first samples are whole).
+PRELOAD_S = 30.0
 
 
 def max_sample_rate() -> int:

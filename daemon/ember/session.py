@@ -17,6 +17,7 @@ and a final ``drain(final=True)``, ``close``.
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import time
 from collections.abc import Collection, Iterable
@@ -48,8 +49,6 @@ log = logging.getLogger(__name__)
 #: The GIL switch interval while attached (Python's default: 5 ms).
 GIL_SWITCH_S = 0.0005
 
-#: How long attach waits for the tables of the processes named as targets.
-PRELOAD_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -70,6 +69,7 @@ class SessionOptions:
     map_memory: int = DEFAULT_MAP_MEMORY  # kernel memory for all BPF maps
     unwinder: str = "auto"               # how user stacks are walked (unwind.UNWINDERS)
     unwind_cache_dir: str = ""           # unwind tables on disk by build id ("": none)
+    preload_s: float = 0.0               # attach waits this long for the target PIDs' tables
 
     def plan(self) -> list[tuple[ProgramKind, tuple[ProfileKind, ...]]]:
         """Each program to run, in the table's order, with the kinds it makes
@@ -137,6 +137,7 @@ class Session:
         self.watcher: ProcessWatcher | None = None
         self.unwind: TableLoader | None = None
         self._target_pids: set[int] = set()
+        self._filtered = False
         self.attached = False
         self._closed = False
 
@@ -196,6 +197,7 @@ class Session:
         of the rules that apply; 0: every process)."""
         pids, cgroups = set(pids), set(cgroups)
         self._target_pids = pids if filter_ & abi.FILTER_PIDS else set()
+        self._filtered = bool(filter_)
         for p in self.pipelines:
             p.program.set_targets(pids)
             p.program.set_cgroups(cgroups)
@@ -219,8 +221,11 @@ class Session:
                 proc = self.symbolizer.processes.get(pid)
                 if proc is not None:
                     self.unwind.submit(proc)
-            if not self.unwind.wait_idle(PRELOAD_S):
-                log.warning("unwind tables still loading after %.0fs", PRELOAD_S)
+            if self.options.preload_s and not self.unwind.wait_idle(self.options.preload_s):
+                log.warning("unwind tables still loading after %.0fs", self.options.preload_s)
+        elif self.unwind is not None and not self._filtered:
+            # the whole host: every process's tables, in the background
+            self.unwind.submit_all(exclude=() if self.options.include_self else [os.getpid()])
         for p in self.pipelines:
             p.program.attach(self.options.frequency, self.options.optional_hooks)
         self.attached = True

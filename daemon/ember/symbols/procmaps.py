@@ -119,6 +119,13 @@ class ProcFS:
     def __init__(self, root: Path = Path("/proc")):
         self.root = root
 
+    def pids(self) -> list[int]:
+        """Every process now."""
+        try:
+            return [int(d.name) for d in self.root.iterdir() if d.name.isdigit()]
+        except OSError:
+            return []
+
     def read(self, pid: int) -> Process | None:
         base = self.root / str(pid)
         try:

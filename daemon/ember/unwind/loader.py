@@ -41,6 +41,7 @@ from .tables import DiskUnwindCache, UnwindTable, build_table
 log = logging.getLogger(__name__)
 
 ROW_BYTES = 12  # a packed ember_unwind_row
+_SCAN = "scan"  # a worker job: every process of the host
 
 
 class UnwindTarget(Protocol):
@@ -153,10 +154,12 @@ class TableLoader:
         self._no_room: dict[tuple[str, int], int] = {}
         self._freed = 0
         self._lock = threading.Lock()
-        self._queue: queue.Queue[Process | None] = queue.Queue()
+        # a process to load, _SCAN (every process of the host), or None (stop)
+        self._queue: queue.Queue[Process | str | None] = queue.Queue()
         self._thread: threading.Thread | None = None
         self._idle = threading.Event()
         self._idle.set()
+        self._exclude: set[int] = set()
 
     # --- the worker ---
     def start(self) -> None:
@@ -175,23 +178,45 @@ class TableLoader:
         self._idle.clear()
         self._queue.put(proc)
 
+    def submit_all(self, exclude: Iterable[int] = ()) -> None:
+        """Load the tables of every process of the host soon (at start: their
+        first samples are whole stacks, and the tables' memory is what the
+        host needs), except those in exclude (ember itself)."""
+        self._exclude = set(exclude)
+        self._idle.clear()
+        self._queue.put(_SCAN)
+
     def wait_idle(self, timeout: float) -> bool:
         """Wait until every submitted process is loaded (True) or timeout."""
         return self._idle.wait(timeout)
 
     def _run(self) -> None:
         while True:
-            proc = self._queue.get()
-            if proc is None:
+            job = self._queue.get()
+            if job is None:
                 return
-            try:
-                self.load(proc)
-            except EmberError as exc:
-                log.warning("unwind tables of pid %d: %s", proc.pid, exc)
-            except Exception:  # never kill the worker: the walk falls back to frame pointers
-                log.exception("unwind tables of pid %d", proc.pid)
+            if job == _SCAN:
+                self._scan()
+            elif isinstance(job, Process):
+                self._load_logged(job)
             if self._queue.empty():
                 self._idle.set()
+
+    def _scan(self) -> None:
+        for pid in self.procfs.pids():
+            if pid in self._exclude:
+                continue
+            proc = self.procfs.read(pid)
+            if proc is not None and not proc.kernel_thread:
+                self._load_logged(proc)
+
+    def _load_logged(self, proc: Process) -> None:
+        try:
+            self.load(proc)
+        except EmberError as exc:
+            log.warning("unwind tables of pid %d: %s", proc.pid, exc)
+        except Exception:  # never kill the worker: the walk falls back to frame pointers
+            log.exception("unwind tables of pid %d", proc.pid)
 
     # --- loading ---
     def load(self, proc: Process) -> None:
