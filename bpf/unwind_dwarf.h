@@ -209,17 +209,29 @@ static __always_inline int ember_unwind_walk(struct ember_unwind_state *st)
             return 0;
         }
         u64 ra = 0;
-        if (bpf_probe_read_user(&ra, sizeof(ra), (void *)(cfa - 8))) {
-            st->stack.end = EMBER_UNWIND_END_READ_FAILED;
-            return 0;
-        }
-        if (rbp_type == EMBER_RBP_SAVED) {
-            if (bpf_probe_read_user(&bp, sizeof(bp), (void *)(cfa + rbp_offset))) {
+        if (rbp_type == EMBER_RBP_SAVED && rbp_offset == -16) {
+            /* the usual prologue (push rbp first): rbp and the return
+             * address side by side, one read */
+            u64 pair[2];
+            if (bpf_probe_read_user(pair, sizeof(pair), (void *)(cfa - 16))) {
                 st->stack.end = EMBER_UNWIND_END_READ_FAILED;
                 return 0;
             }
-        } else if (rbp_type != EMBER_RBP_SAME) {
-            bp = 0;
+            bp = pair[0];
+            ra = pair[1];
+        } else {
+            if (bpf_probe_read_user(&ra, sizeof(ra), (void *)(cfa - 8))) {
+                st->stack.end = EMBER_UNWIND_END_READ_FAILED;
+                return 0;
+            }
+            if (rbp_type == EMBER_RBP_SAVED) {
+                if (bpf_probe_read_user(&bp, sizeof(bp), (void *)(cfa + rbp_offset))) {
+                    st->stack.end = EMBER_UNWIND_END_READ_FAILED;
+                    return 0;
+                }
+            } else if (rbp_type != EMBER_RBP_SAME) {
+                bp = 0;
+            }
         }
         if (!ra) {
             st->stack.end = EMBER_UNWIND_END_ROOT;
