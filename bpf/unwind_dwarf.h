@@ -244,30 +244,32 @@ static __always_inline int ember_unwind_walk(struct ember_unwind_state *st)
     return 1;
 }
 
-static __always_inline int ember_ustack_insert(u32 slot, u32 *id, struct ember_ustack *s,
-                                               struct ember_ustack **old)
+static __always_inline struct ember_ustack *ember_ustack_lookup(u32 slot, u32 *id)
 {
-    int rc;
 #if EMBER_STACK_GENERATIONS > 2
-    if (slot == 2) {
-        rc = ember_ustacks_2.insert(id, s);
-        *old = rc == -EEXIST ? ember_ustacks_2.lookup(id) : 0;
-        return rc;
-    }
+    if (slot == 2)
+        return ember_ustacks_2.lookup(id);
 #endif
-    if (slot == 1) {
-        rc = ember_ustacks_1.insert(id, s);
-        *old = rc == -EEXIST ? ember_ustacks_1.lookup(id) : 0;
-    } else {
-        rc = ember_ustacks_0.insert(id, s);
-        *old = rc == -EEXIST ? ember_ustacks_0.lookup(id) : 0;
-    }
-    return rc;
+    if (slot == 1)
+        return ember_ustacks_1.lookup(id);
+    return ember_ustacks_0.lookup(id);
+}
+
+static __always_inline int ember_ustack_insert(u32 slot, u32 *id, struct ember_ustack *s)
+{
+#if EMBER_STACK_GENERATIONS > 2
+    if (slot == 2)
+        return ember_ustacks_2.insert(id, s);
+#endif
+    if (slot == 1)
+        return ember_ustacks_1.insert(id, s);
+    return ember_ustacks_0.insert(id, s);
 }
 
 /* Store the finished stack in generation st->stack_epoch and count how the
  * walk ended. Returns its id (EMBER_USTACK_BIT set) or a negative errno as
- * bpf_get_stackid would (-EEXIST: another stack holds the id). */
+ * bpf_get_stackid would (-EEXIST: another stack holds the id). Most stacks
+ * were stored before: look first, insert only a new one. */
 static __always_inline s32 ember_unwind_store(struct ember_unwind_state *st)
 {
     u32 end = st->stack.end;
@@ -276,19 +278,22 @@ static __always_inline s32 ember_unwind_store(struct ember_unwind_state *st)
     u64 h = (st->stack.hash ^ end) * EMBER_FNV_PRIME;
     st->stack.hash = h;
     u32 id = ((u32)(h ^ (h >> 32)) & (EMBER_USTACK_BIT - 1)) | EMBER_USTACK_BIT;
-    struct ember_ustack *old = 0;
-    int rc = ember_ustack_insert(st->stack_epoch % EMBER_STACK_GENERATIONS, &id, &st->stack,
-                                 &old);
-    if (rc == 0)
-        return id;
-    if (rc == -EEXIST && old && old->hash == h && old->len == st->stack.len)
-        return id;
-    if (rc == -EEXIST) {
-        ember_stat_add(EMBER_STAT_UNWIND_COLLISION, 1);
-        return -EEXIST;
+    u32 slot = st->stack_epoch % EMBER_STACK_GENERATIONS;
+    struct ember_ustack *old = ember_ustack_lookup(slot, &id);
+    if (!old) {
+        int rc = ember_ustack_insert(slot, &id, &st->stack);
+        if (rc == 0)
+            return id;
+        if (rc != -EEXIST) {
+            ember_stat_add(EMBER_STAT_USER_STACK_ERROR, 1);
+            return rc;
+        }
+        old = ember_ustack_lookup(slot, &id); /* another CPU stored it meanwhile */
     }
-    ember_stat_add(EMBER_STAT_USER_STACK_ERROR, 1);
-    return rc;
+    if (old && old->hash == h && old->len == st->stack.len)
+        return id;
+    ember_stat_add(EMBER_STAT_UNWIND_COLLISION, 1);
+    return -EEXIST;
 }
 
 /* The caller's first tail call failed (its prog array is empty: never
