@@ -141,3 +141,25 @@ def pipe_us(loops: int) -> float:
     if not m:
         raise RuntimeError(out)
     return float(m.group(1))
+
+
+STATS = Path("/proc/sys/kernel/bpf_stats_enabled")
+
+
+class BpfStats:
+    """kernel.bpf_stats_enabled on for the duration, restored after."""
+
+    def __enter__(self) -> None:
+        self.before = STATS.read_text().strip()
+        STATS.write_text("1")
+
+    def __exit__(self, *exc: object) -> None:
+        STATS.write_text(self.before)
+
+
+def render(title: str, head: list[str], rows: list[list[str]]) -> str:
+    """A markdown table under a heading."""
+    out = [f"### {title}", "", "| " + " | ".join(head) + " |",
+           "|" + "|".join("---" for _ in head) + "|"]
+    out += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(out) + "\n"

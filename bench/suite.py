@@ -45,12 +45,14 @@ from pathlib import Path
 from common import (
     EMBER,
     ROOT,
+    BpfStats,
     cpu_seconds,
     free_port,
     map_memory,
     need_root,
     pipe_us,
     prog_stats,
+    render,
     spread,
     start_ember,
     status_kb,
@@ -58,23 +60,11 @@ from common import (
 )
 
 BIN = ROOT / "tests/fixtures/bin"
-STATS = Path("/proc/sys/kernel/bpf_stats_enabled")
 Table = tuple[list[str], list[list[str]]]
 
 
 def med(xs: list[float]) -> float:
     return statistics.median(xs) if xs else float("nan")
-
-
-class BpfStats:
-    """kernel.bpf_stats_enabled on for the duration, restored after."""
-
-    def __enter__(self) -> None:
-        self.before = STATS.read_text().strip()
-        STATS.write_text("1")
-
-    def __exit__(self, *exc: object) -> None:
-        STATS.write_text(self.before)
 
 
 # --- off-CPU cost per context switch -------------------------------------------
@@ -375,14 +365,6 @@ def accuracy(seconds: float) -> Table:
 
 # --- main ----------------------------------------------------------------------
 
-def render(title: str, table: Table) -> str:
-    head, rows = table
-    out = [f"### {title}", "", "| " + " | ".join(head) + " |",
-           "|" + "|".join("---" for _ in head) + "|"]
-    out += ["| " + " | ".join(r) + " |" for r in rows]
-    return "\n".join(out) + "\n"
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -408,7 +390,7 @@ def main() -> None:
     for key in args.only.split(","):
         title, fn = sections[key]
         print(f"{title} ...", flush=True)
-        out.append(render(title, fn()))
+        out.append(render(title, *fn()))
         print(out[-1], flush=True)
     print("\n".join(out))
 

@@ -36,9 +36,20 @@ import time
 import urllib.request
 from pathlib import Path
 
-from common import EMBER, ROOT, need_root, pipe_us, prog_stats, spread, start_ember, status_kb, stop
+from common import (
+    EMBER,
+    ROOT,
+    BpfStats,
+    need_root,
+    pipe_us,
+    prog_stats,
+    render,
+    spread,
+    start_ember,
+    status_kb,
+    stop,
+)
 
-STATS = Path("/proc/sys/kernel/bpf_stats_enabled")
 #: A user stack that reaches one of these reached its root: the start-up code
 #: of the main thread (a stripped program's own _start has no name, libc's
 #: frames above it do) or of a thread.
@@ -66,15 +77,6 @@ int main(int argc, char **argv) {
     return 0;
 }
 """
-
-
-class BpfStats:
-    def __enter__(self) -> None:
-        self.before = STATS.read_text().strip()
-        STATS.write_text("1")
-
-    def __exit__(self, *exc: object) -> None:
-        STATS.write_text(self.before)
 
 
 def depth_programs(tmp: Path) -> dict[str, Path]:
@@ -237,12 +239,6 @@ def memory(seconds: float) -> list[list[str]]:
              value(r'ember_unwind_tables_total\{outcome="loaded"\}'),
              value(r'ember_unwind_rows\{state="used"\}'),
              value(r'ember_unwind_tables_total\{outcome="full"\}')]]
-
-
-def render(title: str, head: list[str], rows: list[list[str]]) -> str:
-    out = [f"### {title}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    out += ["| " + " | ".join(r) + " |" for r in rows]
-    return "\n".join(out) + "\n"
 
 
 def main() -> None:

@@ -50,7 +50,14 @@ class CachedSymbols:
     dwarf_path: str | None
 
 
-class DiskSymbolCache:
+class BuildIdFiles:
+    """A bounded directory of files named by build id: the writing,
+    bounding and bookkeeping that the symbol and unwind caches share. A
+    subclass names its suffix and encodes and decodes its own files."""
+
+    suffix = ""
+    what = ""  # for the log: "symbol cache"
+
     def __init__(self, directory: Path | str, max_bytes: int = 256 << 20):
         self.dir = Path(directory)
         self.max_bytes = max_bytes
@@ -59,41 +66,26 @@ class DiskSymbolCache:
         self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
 
     def _path(self, build_id: str) -> Path | None:
-        return self.dir / f"{build_id}.sym" if _BUILD_ID.match(build_id) else None
+        return self.dir / f"{build_id}{self.suffix}" if _BUILD_ID.match(build_id) else None
 
-    def load(self, build_id: str) -> CachedSymbols | None:
-        path = self._path(build_id)
-        if path is None:
-            return None
-        try:
-            blob = path.read_bytes()
-        except FileNotFoundError:
-            self.stats.misses += 1
-            return None
-        except OSError as exc:
-            log.debug("symbol cache %s: %s", path, exc)
-            self.stats.errors += 1
-            return None
-        try:
-            cached = _decode(blob)
-        except (ValueError, struct.error, UnicodeDecodeError) as exc:
-            log.warning("symbol cache: %s is corrupt (%s); deleting it", path, exc)
-            self.stats.errors += 1
-            path.unlink(missing_ok=True)
-            return None
+    def _hit(self, path: Path) -> None:
         self.stats.hits += 1
         with contextlib.suppress(OSError):
             os.utime(path)  # least recently used goes first
-        if cached.dwarf_path and not os.path.exists(cached.dwarf_path):
-            cached = CachedSymbols(cached.index, cached.source, None)
-        return cached
 
-    def store(self, build_id: str, cached: CachedSymbols) -> None:
-        path = self._path(build_id)
-        if path is None:
-            return
+    def _corrupt(self, path: Path, exc: Exception) -> None:
+        log.warning("%s: %s is corrupt (%s); deleting it", self.what, path, exc)
+        self.stats.errors += 1
+        path.unlink(missing_ok=True)
+
+    def _unreadable(self, path: Path, exc: OSError) -> None:
+        log.debug("%s %s: %s", self.what, path, exc)
+        self.stats.errors += 1
+
+    def _write(self, path: Path, blob: bytes) -> None:
+        """Atomically (temporary file, then rename), mode 0600, then bound
+        the directory."""
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        blob = _encode(cached)
         try:
             replaced = path.stat().st_size if path.exists() else 0
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -101,7 +93,7 @@ class DiskSymbolCache:
                 f.write(blob)
             os.replace(tmp, path)
         except OSError as exc:
-            log.warning("symbol cache: cannot write %s: %s", path, exc)
+            log.warning("%s: cannot write %s: %s", self.what, path, exc)
             self.stats.errors += 1
             tmp.unlink(missing_ok=True)
             return
@@ -120,7 +112,7 @@ class DiskSymbolCache:
         """Delete least recently used files down to max_bytes; learn the
         directory's size."""
         files = []
-        for p in self.dir.glob("*.sym"):
+        for p in self.dir.glob(f"*{self.suffix}"):
             try:
                 st = p.stat()
             except OSError:
@@ -134,6 +126,38 @@ class DiskSymbolCache:
             total -= size
             self.stats.evicted += 1
         self._total = total
+
+
+class DiskSymbolCache(BuildIdFiles):
+    suffix = ".sym"
+    what = "symbol cache"
+
+    def load(self, build_id: str) -> CachedSymbols | None:
+        path = self._path(build_id)
+        if path is None:
+            return None
+        try:
+            blob = path.read_bytes()
+        except FileNotFoundError:
+            self.stats.misses += 1
+            return None
+        except OSError as exc:
+            self._unreadable(path, exc)
+            return None
+        try:
+            cached = _decode(blob)
+        except (ValueError, struct.error, UnicodeDecodeError) as exc:
+            self._corrupt(path, exc)
+            return None
+        self._hit(path)
+        if cached.dwarf_path and not os.path.exists(cached.dwarf_path):
+            cached = CachedSymbols(cached.index, cached.source, None)
+        return cached
+
+    def store(self, build_id: str, cached: CachedSymbols) -> None:
+        path = self._path(build_id)
+        if path is not None:
+            self._write(path, _encode(cached))
 
 
 def _encode(cached: CachedSymbols) -> bytes:

@@ -103,7 +103,7 @@ class ElfSymbols:
     def _load_deferred(self) -> None:
         tables, self._deferred = self._deferred or [], None
         with open(self.path, "rb") as f:
-            _index_symtabs(self, _reader(f, self.path), tables)
+            _index_symtabs(self, reader(f, self.path), tables)
 
     def _load_pyelftools(self, f: BinaryIO) -> None:
         """Any ELF class and byte order; slow (a Python object per header)."""
@@ -333,8 +333,8 @@ SHF_COMPRESSED = 0x800
 NT_GNU_BUILD_ID = 3
 
 
-def _reader(f: BinaryIO, path: str) -> Callable[[int, int], bytes]:
-    """read(offset, length) of f, refusing ranges past its end."""
+def reader(f: BinaryIO, path: str) -> Callable[[int, int], bytes]:
+    """read(offset, length) of f, refusing ranges past its end (ElfError)."""
     f.seek(0, 2)
     size = f.tell()
 
@@ -354,7 +354,7 @@ def _load_elf64le(obj: ElfSymbols, f: BinaryIO, symbols: bool = True) -> bool:
     pyelftools spends ~20 ms on libc's headers alone. False for what this
     reader leaves to pyelftools (extended section numbering, a compressed
     symbol table)."""
-    read = _reader(f, obj.path)
+    read = reader(f, obj.path)
 
     (_ident, e_type, _machine, _version, _entry, phoff, shoff, _flags, _ehsize, phentsize,
      phnum, shentsize, shnum, shstrndx) = _EHDR.unpack(read(0, _EHDR.size))

@@ -16,7 +16,8 @@ import zlib
 from dataclasses import dataclass
 from typing import BinaryIO
 
-from ..errors import UnwindTableError
+from ..errors import ElfError, UnwindTableError
+from ..symbols.elf import reader
 from .cfa import CfiSection
 
 log = logging.getLogger(__name__)
@@ -46,20 +47,14 @@ def read_sections(path: str) -> CfiSections:
             return _read(f, path)
     except OSError as exc:
         raise UnwindTableError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+    except ElfError as exc:
+        raise UnwindTableError(str(exc)) from exc
     except (struct.error, zlib.error, ValueError) as exc:
         raise UnwindTableError(f"{path}: malformed ELF: {exc}") from exc
 
 
 def _read(f: BinaryIO, path: str) -> CfiSections:
-    f.seek(0, 2)
-    size = f.tell()
-
-    def read(offset: int, length: int) -> bytes:
-        if offset < 0 or length < 0 or offset + length > size:
-            raise UnwindTableError(f"{path}: malformed ELF: {length} bytes at {offset:#x} "
-                                   f"past the end ({size:#x})")
-        f.seek(offset)
-        return f.read(length)
+    read = reader(f, path)
 
     ident, _type, machine, *_rest = _EHDR.unpack(read(0, _EHDR.size))
     shoff, shentsize, shnum, shstrndx = _rest[3], _rest[8], _rest[9], _rest[10]

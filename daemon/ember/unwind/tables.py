@@ -18,10 +18,8 @@ file found).
 from __future__ import annotations
 
 import bisect
-import contextlib
 import logging
 import os
-import re
 import struct
 import zlib
 from array import array
@@ -38,7 +36,7 @@ from ..abi import CFA_NONE, CFA_RBP, CFA_RSP
 from ..errors import ElfError, UnwindTableError
 from ..symbols import DEFAULT_DEBUG_DIRS
 from ..symbols.debuginfo import debug_file_for
-from ..symbols.diskcache import DiskCacheStats
+from ..symbols.diskcache import BuildIdFiles
 from ..symbols.elf import ElfSymbols
 from .cfa import ROW, Row
 from .cfi import DecodedRows, decode
@@ -147,20 +145,13 @@ def build_table(path: Path | str, debug_dirs: Sequence[str] = DEFAULT_DEBUG_DIRS
 _MAGIC = b"EMBERUNW"
 _VERSION = 1  # bump when the rows a given object decodes to change
 _HEADER = struct.Struct("<8sIIIIQI")  # magic, version, rows, fdes, overlaps, covered, source
-_BUILD_ID = re.compile(r"^[0-9a-f]{8,128}$")
 
 
-class DiskUnwindCache:
+class DiskUnwindCache(BuildIdFiles):
     """Tables on disk, one file per build id (see the module's docstring)."""
 
-    def __init__(self, directory: Path | str, max_bytes: int = 256 << 20):
-        self.dir = Path(directory)
-        self.max_bytes = max_bytes
-        self.stats = DiskCacheStats()
-        self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-
-    def _path(self, build_id: str) -> Path | None:
-        return self.dir / f"{build_id}.unw" if _BUILD_ID.match(build_id) else None
+    suffix = ".unw"
+    what = "unwind cache"
 
     def load(self, build_id: str, path: str) -> UnwindTable | None:
         """The table of build_id, for the object at path; None when absent
@@ -175,53 +166,18 @@ class DiskUnwindCache:
             self.stats.misses += 1
             return None
         except (ValueError, struct.error, UnicodeDecodeError, UnwindTableError) as exc:
-            log.warning("unwind cache: %s is corrupt (%s); deleting it", where, exc)
-            self.stats.errors += 1
-            where.unlink(missing_ok=True)
+            self._corrupt(where, exc)
             return None
         except OSError as exc:
-            log.debug("unwind cache %s: %s", where, exc)
-            self.stats.errors += 1
+            self._unreadable(where, exc)
             return None
-        self.stats.hits += 1
-        with contextlib.suppress(OSError):
-            os.utime(where)  # least recently used goes first
+        self._hit(where)
         return table
 
     def store(self, table: UnwindTable) -> None:
         where = self._path(table.build_id)
-        if where is None or not table.final:
-            return
-        tmp = where.with_name(f".{where.name}.{os.getpid()}.tmp")
-        try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            with os.fdopen(fd, "wb") as f:
-                f.write(_encode(table))
-            os.replace(tmp, where)
-        except OSError as exc:
-            log.warning("unwind cache: cannot write %s: %s", where, exc)
-            self.stats.errors += 1
-            tmp.unlink(missing_ok=True)
-            return
-        self.stats.stored += 1
-        self._bound()
-
-    def _bound(self) -> None:
-        """Delete least recently used files down to max_bytes."""
-        files = []
-        for p in self.dir.glob("*.unw"):
-            try:
-                st = p.stat()
-            except OSError:
-                continue
-            files.append((st.st_mtime_ns, st.st_size, p))
-        total = sum(size for _, size, _ in files)
-        for _, size, p in sorted(files):
-            if total <= self.max_bytes:
-                break
-            p.unlink(missing_ok=True)
-            total -= size
-            self.stats.evicted += 1
+        if where is not None and table.final:
+            self._write(where, _encode(table))
 
 
 def _encode(table: UnwindTable) -> bytes:
