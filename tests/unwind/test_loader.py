@@ -149,3 +149,20 @@ def test_row_allocator_reuses_and_merges_free_ranges() -> None:
     a.give(30, 30)
     a.give(0, 30)
     assert a.take(60) == 0  # the two freed ranges merged
+
+
+def test_the_host_wide_scan_loads_every_process_but_the_excluded(
+        objects: tuple[Path, Path]) -> None:
+    chain, waits = objects
+    procs = {10: process(10, chain), 11: process(11, waits), 12: process(12, chain)}
+    target, fs = FakeTarget(4096), FakeProcFS()
+    fs.pids = lambda: list(procs)  # type: ignore[method-assign]
+    fs.read = procs.get  # type: ignore[method-assign]
+    ld = TableLoader([target], procfs=fs)
+    ld.start()
+    try:
+        ld.submit_all(exclude=[12])
+        assert ld.wait_idle(10)
+    finally:
+        ld.stop()
+    assert set(target.procs) == {10, 11}

@@ -191,24 +191,32 @@ class TableLoader:
         return self._idle.wait(timeout)
 
     def _run(self) -> None:
+        """Processes with events first: the host-wide scan takes one process
+        at a time, whenever no submitted process waits (a busy process
+        noted by its first sample must not wait for the whole host)."""
+        scan: list[int] = []
         while True:
-            job = self._queue.get()
+            try:
+                job = self._queue.get(block=not scan)
+            except queue.Empty:
+                self._scan_one(scan.pop())
+                job = ""
             if job is None:
                 return
             if job == _SCAN:
-                self._scan()
+                scan = sorted(set(self.procfs.pids()) - self._exclude, reverse=True)
             elif isinstance(job, Process):
                 self._load_logged(job)
-            if self._queue.empty():
+            if not scan and self._queue.empty():
                 self._idle.set()
 
-    def _scan(self) -> None:
-        for pid in self.procfs.pids():
-            if pid in self._exclude:
-                continue
-            proc = self.procfs.read(pid)
-            if proc is not None and not proc.kernel_thread:
-                self._load_logged(proc)
+    def _scan_one(self, pid: int) -> None:
+        with self._lock:
+            if pid in self._processes:
+                return  # loaded already, from its events
+        proc = self.procfs.read(pid)
+        if proc is not None and not proc.kernel_thread:
+            self._load_logged(proc)
 
     def _load_logged(self, proc: Process) -> None:
         try:
