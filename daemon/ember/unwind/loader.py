@@ -26,7 +26,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -82,12 +82,12 @@ class _Object:
 
 @dataclass(frozen=True)
 class _Known:
-    """What the loader keeps of an object, loaded or not: where it opened
-    it and its load segments, never its rows (they live in the kernel; an
-    evicted object is read again, from the disk cache when there is one)."""
+    """What the loader keeps of an object, loaded or not: its headers
+    (where it was opened, its load segments, its build id), never its rows
+    (they live in the kernel; an evicted object is read again, from the disk
+    cache when there is one)."""
 
-    path: Path | None                  # None: no usable table (counted in tables_failed)
-    vaddr_of_offset: Callable[[int], int | None]
+    elf: ElfSymbols | None             # None: no usable table (counted in tables_failed)
 
 
 class RowAllocator:
@@ -117,10 +117,6 @@ class RowAllocator:
             else:
                 merged.append((s, size))
         self.free = merged
-
-
-def _no_vaddr(_offset: int) -> int | None:
-    return None
 
 
 def _reason(exc: EmberError) -> str:
@@ -246,11 +242,11 @@ class TableLoader:
             if not entry.file_backed or entry.deleted:
                 continue  # JIT, anonymous, vdso: frame pointers
             key = _object_key(entry)
-            info = self._know(proc.pid, entry, key)
-            vaddr = info.vaddr_of_offset(entry.offset)
-            if info.path is None or vaddr is None:
+            elf = self._know(proc.pid, entry, key).elf
+            vaddr = elf.vaddr_of_offset(entry.offset) if elf is not None else None
+            if elf is None or vaddr is None:
                 continue
-            obj = self._place(key, info.path)
+            obj = self._place(key, elf)
             if obj is None:
                 continue
             m.bias = (entry.start - vaddr) & 0xFFFF_FFFF_FFFF_FFFF
@@ -276,7 +272,7 @@ class TableLoader:
         info = self._known.get(key)
         if info is not None:
             return info
-        info = _Known(None, _no_vaddr)
+        info = _Known(None)
         for path in self.procfs.object_candidates(pid, entry):
             try:
                 elf = ElfSymbols(path, symbols=False)
@@ -286,7 +282,7 @@ class TableLoader:
                 self._failed(_reason(exc))
                 log.debug("no unwind table for %s: %s", entry.path, exc)
                 break
-            info = _Known(path, elf.vaddr_of_offset)
+            info = _Known(elf)
             break
         else:
             self._failed("unreadable")
@@ -307,7 +303,7 @@ class TableLoader:
     def _failed(self, reason: str) -> None:
         self.stats.tables_failed[reason] = self.stats.tables_failed.get(reason, 0) + 1
 
-    def _place(self, key: tuple[str, int], path: Path) -> _Object | None:
+    def _place(self, key: tuple[str, int], elf: ElfSymbols) -> _Object | None:
         """The object's rows in the array: loaded now if they were not."""
         with self._lock:
             obj = self._loaded.get(key)
@@ -317,17 +313,17 @@ class TableLoader:
                 return None  # nothing was given up since it did not fit
         t0 = time.monotonic()
         try:
-            table = self._table(path, ElfSymbols(path, symbols=False))
+            table = self._table(Path(elf.path), elf)
         except EmberError as exc:
             self._failed(_reason(exc))
-            log.debug("no unwind table for %s: %s", path, exc)
-            self._known.put(key, _Known(None, _no_vaddr))
+            log.debug("no unwind table for %s: %s", elf.path, exc)
+            self._known.put(key, _Known(None))
             return None
         finally:
             self.stats.build_seconds += time.monotonic() - t0
         if not table.row_count:
             self._failed("empty")
-            self._known.put(key, _Known(None, _no_vaddr))
+            self._known.put(key, _Known(None))
             return None
         with self._lock:
             n = table.row_count
