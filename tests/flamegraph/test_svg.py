@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 
 from ember.flamegraph.svg import (
@@ -30,6 +31,24 @@ def test_widths_proportional_and_tree_shape() -> None:
     assert "35 samples, 35.00%" in str(by["work_a"]["title"])
 
 
+def test_offsets_read_back_exactly() -> None:
+    """The script zooms by data-o and data-v: a frame must end exactly where
+    its right neighbour begins, or a zoom into the neighbour keeps it in
+    view (six digits made 20100500 + 1432160000 pass 1452260000)."""
+    stacks = Counter({"app;__libc;main;work_b": 20_100_503, "app;_start;main;work_a": 1_432_163_117,
+                      "app;_start;main;work_b": 1_954_770_001, "app;_start;main;work_c": 3.3e-3})
+    f = frames(render(build_tree(stacks), Options(width=1500)))
+    by_depth: dict[int, list[dict[str, object]]] = {}
+    for x in f:
+        by_depth.setdefault(int(x["d"]), []).append(x)  # type: ignore[call-overload]
+    for row in by_depth.values():
+        row.sort(key=lambda x: float(x["o"]))  # type: ignore[arg-type]
+        for left, right in itertools.pairwise(row):
+            assert float(left["o"]) + float(left["v"]) <= float(right["o"]), (left, right)  # type: ignore[arg-type]
+    v = {(x["name"], x["d"]): x["v"] for x in f}
+    assert v[("work_a", 4)] == 1_432_163_117
+
+
 def test_escaping_and_truncation() -> None:
     name = 'std::map<int, std::string>::operator[](int&&) "quoted"'
     stacks = Counter({f"app;{name}": 3, "app;" + "x" * 300: 97})
@@ -48,7 +67,7 @@ def test_narrow_frames_merged_not_lost() -> None:
     stacks["app;big"] = 100_000
     f = frames(render(build_tree(stacks), Options(width=1200, min_width=0.5)))
     merged = [x for x in f if str(x["name"]).endswith("narrow frames]")]
-    assert merged and sum(float(x["v"]) for x in merged) == 2000  # type: ignore[arg-type]
+    assert merged and sum(float(str(x["v"])) for x in merged) == 2000
     assert len(f) < 10  # 2000 invisible frames became one
     assert "f0" in str(merged[0]["title"])
 

@@ -228,7 +228,7 @@ def _render(root: Node, o: Options) -> str:
         text = (f'<text x="{x + 3:.1f}" y="{y + FRAME_H // 2}">{html.escape(label)}</text>'
                 if label else "")
         frames.append(
-            f'<g class="f" data-n="{esc}" data-v="{node.value:g}" data-o="{offset:g}" '
+            f'<g class="f" data-n="{esc}" data-v="{_exact(node.value)}" data-o="{_exact(offset)}" '
             f'data-d="{depth}"><title>{esc} ({html.escape(info)}{title_extra})</title>'
             f'<rect x="{x:.1f}" y="{y}" width="{w:.1f}" height="{FRAME_H - 1}" '
             f'fill="{fill}"/>{text}</g>')
@@ -267,13 +267,21 @@ def _render(root: Node, o: Options) -> str:
         body=body, script=_script(), plot_w=plot_w, pad_x=PAD_X, frame_h=FRAME_H,
         pad_top=PAD_TOP, depth=max_depth, inverted="true" if o.inverted else "false",
         unit=html.escape(o.unit or o.countname), scale=o.unit_scale if o.unit else 1,
-        total=total, details_y=height - 12, font=FONT, half=o.width // 2,
+        total=_exact(total), details_y=height - 12, font=FONT, half=o.width // 2,
         search_x=o.width - 120)
+
+
+def _exact(x: float) -> str:
+    """A value or offset as the script must read it back: exactly. Six
+    digits (``%g``) let a frame's offset plus its width pass its right
+    neighbour's offset, and a zoom into the neighbour kept it in view."""
+    x = float(x)
+    return str(int(x)) if x.is_integer() else repr(x)
 
 
 _SVG = """<?xml version="1.0" standalone="no"?>
 <svg version="1.1" width="{width}" height="{height}" viewBox="0 0 {width} {height}" \
-xmlns="http://www.w3.org/2000/svg" data-total="{total:g}" data-plot-w="{plot_w}" \
+xmlns="http://www.w3.org/2000/svg" data-total="{total}" data-plot-w="{plot_w}" \
 data-pad-x="{pad_x}" data-frame-h="{frame_h}" data-pad-top="{pad_top}" data-depth="{depth}" \
 data-inverted="{inverted}" data-unit="{unit}" data-scale="{scale}">
 <style>
