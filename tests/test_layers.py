@@ -22,7 +22,7 @@ PACKAGE = ROOT / "daemon" / "ember"
 LAYERS: dict[str, int] = {
     **dict.fromkeys(("__init__", "abi", "model", "errors", "metrics", "httpserve", "cache",
                      "proto", "bpf"), 0),
-    **dict.fromkeys(("kernel", "unwind", "symbols", "encode", "config"), 1),
+    **dict.fromkeys(("kernel", "unwind", "symbols", "runtimes", "encode", "config"), 1),
     **dict.fromkeys(("session", "stacks", "export", "flamegraph"), 2),
     **dict.fromkeys(("agent", "collector", "record"), 3),
     "cli": 4,

@@ -1,0 +1,1 @@
+"""Language runtimes whose frames ember reads: CPython today."""
