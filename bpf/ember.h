@@ -125,6 +125,11 @@ enum ember_stat {
                                        * pointers (bpf_get_stackid) instead */
     EMBER_STAT_UNWIND_COLLISION,      /* table-walked stacks lost: ember_ustacks_* id taken */
     EMBER_STAT_UNWIND_FP_FRAMES,      /* frames inside table walks taken by frame pointers */
+    EMBER_STAT_PY_FRAMES,             /* Python frames put into table-walked stacks */
+    EMBER_STAT_PY_NO_THREAD,          /* ... walks of a Python process whose thread had no
+                                       * thread state (not a Python thread, or > 32 threads
+                                       * before it) */
+    EMBER_STAT_PY_READ_FAILED,        /* ... interpreter frames that could not be read */
     EMBER_STAT_MAX,
 };
 
@@ -288,6 +293,51 @@ struct ember_unwind_proc {
 #define EMBER_UNWIND_END_READ_FAILED 3  /* user memory could not be read */
 #define EMBER_UNWIND_END_NO_MAPPING 4   /* an address in no executable mapping */
 #define EMBER_UNWIND_END_BAD_FRAME 5    /* the stack did not grow towards the root */
+
+/* Python frames (bpf/unwind_python.h). A frame of the interpreter loop
+ * (_PyEval_EvalFrameDefault) in a table-walked stack is replaced by the
+ * Python frames it was running, two slots each in ember_ustack.ips: the
+ * code object's address with EMBER_PY_CODE, then EMBER_PY_INSTR with the
+ * code's co_firstlineno (bits 32-61: tells a code object freed and reused
+ * at the same address) and the instruction's index in code units. */
+#define EMBER_PY_CODE 0xC000000000000000ULL
+#define EMBER_PY_INSTR 0x8000000000000000ULL
+#define EMBER_PY_TAG 0xC000000000000000ULL
+#ifndef EMBER_PY_PROCS
+#define EMBER_PY_PROCS 1024
+#endif
+#define EMBER_PY_THREAD_STEPS 32     /* thread states searched for the current thread */
+#define EMBER_PY_FRAME_BYTES 128     /* bytes of a frame read at once */
+#define EMBER_PY_FRAMES_PER_PROG 8   /* Python frames per step program */
+/* ember_py_proc.entry: how the frames of one interpreter-loop call end */
+#define EMBER_PY_ENTRY_IS_ENTRY 1    /* 3.11: the call's first frame has is_entry set */
+#define EMBER_PY_ENTRY_OWNER 2       /* 3.12+: a shim frame owned by the C stack below it */
+/* ember_py_proc.thread_match: which thread-state field names the thread */
+#define EMBER_PY_MATCH_TID 0         /* native_thread_id == the thread's id (3.11+) */
+
+/* Value of ember_py_procs (key: tgid): where a CPython process keeps its
+ * threads and the layout of its frames and code objects (offsets in bytes,
+ * from daemon/ember/runtimes/pylayouts.py for its version). */
+struct ember_py_proc {
+    __u64 interp_head;       /* address of _PyRuntime.interpreters.head */
+    __u64 eval_start[2];     /* the interpreter loop, and its .cold part (0, 0: none) */
+    __u64 eval_end[2];
+    __u16 interp_threads;    /* PyInterpreterState: its first thread state */
+    __u16 tstate_next;
+    __u16 tstate_tid;
+    __u16 tstate_frame;      /* the current frame, or (3.11, 3.12) the _PyCFrame */
+    __u16 cframe_frame;      /* _PyCFrame.current_frame; 0xffff: no _PyCFrame */
+    __u16 frame_previous;
+    __u16 frame_code;
+    __u16 frame_instr;       /* prev_instr, instr_ptr, or (3.10) f_lasti */
+    __u16 frame_entry;       /* is_entry (3.11) or owner (3.12+) */
+    __u16 code_adaptive;     /* co_code_adaptive: the first code unit */
+    __u16 code_firstlineno;
+    __u8 entry;              /* EMBER_PY_ENTRY_* */
+    __u8 owned_by_cstack;    /* 3.12+: the owner value of a shim frame */
+    __u8 thread_match;       /* EMBER_PY_MATCH_* */
+    __u8 reserved[7];
+};
 
 /* Value of ember_ustacks_*: a user stack walked from tables, leaf first. */
 struct ember_ustack {

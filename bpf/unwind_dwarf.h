@@ -47,6 +47,10 @@ struct ember_unwind_state {
     struct ember_start start;
     struct ember_wake wake;
 #endif
+    u32 py_mode;         /* EMBER_PY_* (unwind_python.h) */
+    u32 py_reserved;
+    u64 py_frame;        /* the next Python frame to emit */
+    u8 py_buf[EMBER_PY_FRAME_BYTES];
     struct ember_ustack stack;
 };
 
@@ -62,6 +66,8 @@ BPF_HASH(ember_ustacks_2, u32, struct ember_ustack, EMBER_STACK_ENTRIES);
 
 #define EMBER_FNV_OFFSET 0xcbf29ce484222325ULL
 #define EMBER_FNV_PRIME 0x100000001b3ULL
+
+#include "unwind_python.h"
 
 /* Begin a table walk of the current thread's user stack, for process tgid.
  * Returns the per-CPU state with the user registers in place, or 0 when the
@@ -87,6 +93,8 @@ static __always_inline struct ember_unwind_state *ember_unwind_begin(u32 tgid, u
     st->stack.hash = EMBER_FNV_OFFSET;
     st->stack.len = 0;
     st->stack.end = EMBER_UNWIND_END_ROOT;
+    st->py_mode = ember_py_procs.lookup(&tgid) ? EMBER_PY_FIND : EMBER_PY_OFF;
+    st->py_frame = 0;
     return st;
 }
 
@@ -144,6 +152,29 @@ static __always_inline int ember_unwind_walk(struct ember_unwind_state *st)
         /* its tables went away during the walk */
         st->stack.end = EMBER_UNWIND_END_NO_MAPPING;
         return 0;
+    }
+    struct ember_py_proc *py = 0;
+    if (st->py_mode != EMBER_PY_OFF) {
+        py = ember_py_procs.lookup(&st->pid);
+        if (!py)
+            st->py_mode = EMBER_PY_OFF;
+        else if (st->py_mode == EMBER_PY_FIND)
+            ember_py_find(st, py);
+    }
+    if (py && st->py_mode == EMBER_PY_EMIT) {
+        /* the Python frames of an interpreter-loop call, before its caller;
+         * a loop of their own, not interleaved with native frames, keeps
+         * the verifier's paths few */
+        for (int f = 0; f < EMBER_PY_FRAMES_PER_PROG; f++) {
+            if (st->py_mode != EMBER_PY_EMIT)
+                break;
+            if (!ember_py_step(st, py)) {
+                st->stack.end = EMBER_UNWIND_END_TRUNCATED;
+                return 0;
+            }
+        }
+        if (st->py_mode == EMBER_PY_EMIT)
+            return 1;
     }
     for (int f = 0; f < EMBER_UNWIND_FRAMES_PER_PROG; f++) {
         u32 len = st->stack.len;
@@ -240,6 +271,13 @@ static __always_inline int ember_unwind_walk(struct ember_unwind_state *st)
         st->ip = ra;
         st->sp = cfa;
         st->bp = bp;
+        if (py && st->py_mode == EMBER_PY_NATIVE && ember_py_in_eval(py, ip)) {
+            /* an interpreter-loop call: the next step emits its Python
+             * frames after it (user space puts them in its place); checked
+             * last, so the paths above stay as many as without Python */
+            st->py_mode = EMBER_PY_EMIT;
+            return 1;
+        }
     }
     return 1;
 }

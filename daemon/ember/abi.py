@@ -58,6 +58,18 @@ USTACK_BIT = 0x20000000  # stack id of a user stack walked from CFI tables
 UNWIND_MAPPINGS = 128
 UNWIND_MAPPING_STEPS = 8
 UNWIND_ROW_STEPS = 22
+
+# Python frames in table-walked stacks (bpf/unwind_python.h, daemon/ember/runtimes/).
+PY_CODE = 0xC000000000000000    # a slot holding a code object's address
+PY_INSTR = 0x8000000000000000   # the slot after it: co_firstlineno << 32 | instruction index
+PY_TAG = 0xC000000000000000
+PY_THREAD_STEPS = 32
+PY_FRAME_BYTES = 128
+PY_FRAMES_PER_PROG = 8
+PY_ENTRY_IS_ENTRY = 1
+PY_ENTRY_OWNER = 2
+PY_MATCH_TID = 0
+PY_NO_CFRAME = 0xFFFF
 CFA_UNSUPPORTED = 0
 CFA_RSP = 1
 CFA_RBP = 2
@@ -94,6 +106,7 @@ DEFAULT_DEFINES = {
     "EMBER_UNWIND_ROWS": 262144,
     "EMBER_UNWIND_PROCS": 1024,
     "EMBER_UNWIND_FRAMES_PER_PROG": 7,
+    "EMBER_PY_PROCS": 1024,
 }
 
 
@@ -129,6 +142,9 @@ class Stat(enum.IntEnum):
     UNWIND_NO_TABLE = 26
     UNWIND_COLLISION = 27
     UNWIND_FP_FRAMES = 28
+    PY_FRAMES = 29
+    PY_NO_THREAD = 30
+    PY_READ_FAILED = 31
 
 
 STAT_MAX = len(Stat)
@@ -249,6 +265,29 @@ class UnwindProc(ct.Structure):
     ]
 
 
+class PyProc(ct.Structure):
+    _fields_ = [
+        ("interp_head", ct.c_uint64),
+        ("eval_start", ct.c_uint64 * 2),
+        ("eval_end", ct.c_uint64 * 2),
+        ("interp_threads", ct.c_uint16),
+        ("tstate_next", ct.c_uint16),
+        ("tstate_tid", ct.c_uint16),
+        ("tstate_frame", ct.c_uint16),
+        ("cframe_frame", ct.c_uint16),
+        ("frame_previous", ct.c_uint16),
+        ("frame_code", ct.c_uint16),
+        ("frame_instr", ct.c_uint16),
+        ("frame_entry", ct.c_uint16),
+        ("code_adaptive", ct.c_uint16),
+        ("code_firstlineno", ct.c_uint16),
+        ("entry", ct.c_uint8),
+        ("owned_by_cstack", ct.c_uint8),
+        ("thread_match", ct.c_uint8),
+        ("reserved", ct.c_uint8 * 7),
+    ]
+
+
 class UStack(ct.Structure):
     _fields_ = [
         ("hash", ct.c_uint64),
@@ -273,6 +312,7 @@ STRUCTS: dict[str, type[ct.Structure]] = {
     "ember_unwind_row": UnwindRow,
     "ember_unwind_mapping": UnwindMapping,
     "ember_unwind_proc": UnwindProc,
+    "ember_py_proc": PyProc,
     "ember_ustack": UStack,
 }
 
@@ -325,6 +365,15 @@ CONSTANTS: dict[str, int] = {
     "EMBER_RBP_SAME": RBP_SAME,
     "EMBER_RBP_SAVED": RBP_SAVED,
     "EMBER_RBP_UNKNOWN": RBP_UNKNOWN,
+    "EMBER_PY_CODE": PY_CODE,
+    "EMBER_PY_INSTR": PY_INSTR,
+    "EMBER_PY_TAG": PY_TAG,
+    "EMBER_PY_THREAD_STEPS": PY_THREAD_STEPS,
+    "EMBER_PY_FRAME_BYTES": PY_FRAME_BYTES,
+    "EMBER_PY_FRAMES_PER_PROG": PY_FRAMES_PER_PROG,
+    "EMBER_PY_ENTRY_IS_ENTRY": PY_ENTRY_IS_ENTRY,
+    "EMBER_PY_ENTRY_OWNER": PY_ENTRY_OWNER,
+    "EMBER_PY_MATCH_TID": PY_MATCH_TID,
     **{f"EMBER_UNWIND_END_{e.name}": int(e) for e in UnwindEnd},
     "EMBER_STAT_MAX": STAT_MAX,
     **{f"EMBER_STAT_{s.name}": int(s) for s in Stat},

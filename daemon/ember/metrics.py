@@ -186,15 +186,28 @@ class UnwindStats(Protocol):
     mappings_dropped: int
 
 
+class PythonStats(Protocol):
+    """What the scrape reads of the Python frame namer (runtimes/pycode.py)."""
+
+    @property
+    def frames(self) -> int: ...
+    @property
+    def failures(self) -> Mapping[str, int]: ...
+    def processes(self) -> Mapping[str, int]: ...
+    def refused(self) -> Mapping[str, int]: ...
+
+
 class BpfStatsCollector(Collector):
     """Reads the BPF programs' own counters when Prometheus scrapes."""
 
     def __init__(self, programs: Callable[[], Mapping[str, ProgramStats]],
                  comm_of: Callable[[int], str] | None = None,
-                 unwind: Callable[[], tuple[UnwindStats, int] | None] = lambda: None):
+                 unwind: Callable[[], tuple[UnwindStats, int] | None] = lambda: None,
+                 python: PythonStats | None = None):
         self.programs = programs
         self.comm_of = comm_of or (lambda pid: "")
         self.unwind = unwind  # (loader stats, row capacity), None without tables
+        self.python = python
 
     def collect(self) -> Iterator[Metric]:
         events = CounterMetricFamily("ember_bpf_events_total",
@@ -228,11 +241,22 @@ class BpfStatsCollector(Collector):
             "ember_bpf_unwind_fp_frames_total",
             "Frames inside table walks taken by frame pointers (code without a table: "
             "JIT, anonymous memory, vdso)", labels=["type"])
+        py_frames = CounterMetricFamily(
+            "ember_bpf_python_frames_total",
+            "Python frames the kernel put into table-walked stacks", labels=["type"])
+        py_failed = CounterMetricFamily(
+            "ember_bpf_python_walks_failed_total",
+            "Walks of a Python process's frames that gave up: no_thread_state (the "
+            "thread has none: not a Python thread, or more than 32 threads before it), "
+            "read_failed (a frame could not be read)", labels=["type", "reason"])
         for kind, prog in self.programs().items():
             try:
                 stats = prog.stats()
             except Exception:  # a program closing while scraped
                 continue
+            py_frames.add_metric([kind], stats[abi.Stat.PY_FRAMES])
+            py_failed.add_metric([kind, "no_thread_state"], stats[abi.Stat.PY_NO_THREAD])
+            py_failed.add_metric([kind, "read_failed"], stats[abi.Stat.PY_READ_FAILED])
             events.add_metric([kind], stats[abi.Stat.COUNTED])
             dropped.add_metric([kind, "counts_map_full"], stats[abi.Stat.COUNTS_FULL])
             dropped.add_metric([kind, "threads_map_full"], stats[abi.Stat.THREADS_FULL])
@@ -249,8 +273,10 @@ class BpfStatsCollector(Collector):
             runs.add_metric([kind], n)
             for name, size in prog.map_memory().items():
                 map_bytes.add_metric([kind, name], size)
-        yield from (events, dropped, lost, blocks, run_s, runs, map_bytes, unwind, fp_frames)
+        yield from (events, dropped, lost, blocks, run_s, runs, map_bytes, unwind, fp_frames,
+                    py_frames, py_failed)
         yield from self._unwind_tables()
+        yield from self._python()
         yield self._runq_histogram()
 
     def _unwind_tables(self) -> Iterator[Metric]:
@@ -281,6 +307,32 @@ class BpfStatsCollector(Collector):
             dropped.add_metric(["processes"], st.processes_dropped)
             dropped.add_metric(["mappings"], st.mappings_dropped)
         yield from (tables, rows, procs, dropped)
+
+    def _python(self) -> Iterator[Metric]:
+        procs = GaugeMetricFamily("ember_python_processes",
+                                  "CPython processes whose frames are walked, by version",
+                                  labels=["version"])
+        refused = CounterMetricFamily(
+            "ember_python_refused_total",
+            "CPython processes left without Python frames, by reason: "
+            "unsupported_version, layout_mismatch (the process disagrees with the "
+            "layout of its version), free_threaded, read_failed, no_mapping",
+            labels=["reason"])
+        named = CounterMetricFamily(
+            "ember_python_frames_named_total",
+            "Python frames named from process memory: named, or why not (code_freed: "
+            "the code object was freed since the sample; read_failed; bad_string; "
+            "bad_linetable; not_python)", labels=["outcome"])
+        if self.python is not None:
+            for version, n in sorted(self.python.processes().items()):
+                procs.add_metric([version], n)
+            for reason, n in sorted(self.python.refused().items()):
+                refused.add_metric([reason], n)
+            failed = sum(self.python.failures.values())
+            named.add_metric(["named"], self.python.frames - failed)
+            for reason, n in sorted(self.python.failures.items()):
+                named.add_metric([reason], n)
+        yield from (procs, refused, named)
 
     def _runq_histogram(self) -> Metric:
         """Run-queue latency per process from the kernel's log2 histogram:
@@ -370,6 +422,9 @@ _FAMILY_LABELS = {
     "ember_bpf_unwind_stacks": ("type", "outcome"), "ember_bpf_unwind_fp_frames": ("type",),
     "ember_unwind_tables": ("outcome",), "ember_unwind_rows": ("state",),
     "ember_unwind_processes": (), "ember_unwind_dropped": ("what",),
+    "ember_bpf_python_frames": ("type",), "ember_bpf_python_walks_failed": ("type", "reason"),
+    "ember_python_processes": ("version",), "ember_python_refused": ("reason",),
+    "ember_python_frames_named": ("outcome",),
     "ember_runqueue_latency_seconds": ("pid", "comm"),
 }
 _BPF_FAMILIES = _families()

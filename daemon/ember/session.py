@@ -37,6 +37,8 @@ from .kernel.programs import (
     map_entries,
 )
 from .model import KIND_NAMES, ProfileKind, Sample
+from .runtimes.cpython import Interpreters
+from .runtimes.pycode import PythonNames
 from .stacks import SampleBuilder
 from .symbols.kallsyms import KernelSymbols
 from .symbols.procmaps import ProcessWatcher
@@ -136,6 +138,8 @@ class Session:
         self.pipelines: list[Pipeline] = []
         self.watcher: ProcessWatcher | None = None
         self.unwind: TableLoader | None = None
+        # CPython processes found by the loader, their frames named here
+        self.python = PythonNames(Interpreters(symbolizer.processes.procfs))
         self._target_pids: set[int] = set()
         self._filtered = False
         self.attached = False
@@ -172,13 +176,14 @@ class Session:
             sizes = entries[kind.name]
             program = self._build(kind, sizes.stacks, sizes.counts, sizes.unwind_rows)
             self.pipelines.append(Pipeline(program, Drainer(program), [
-                SampleBuilder(self.symbolizer, k, o.frequency) for k in kinds]))
+                SampleBuilder(self.symbolizer, k, o.frequency, self.python) for k in kinds]))
             program.configure(o.bpf_config(kinds))
         targets = [p.program.unwind for p in self.pipelines if p.program.unwind is not None]
         if targets:
             self.unwind = TableLoader(targets, Path(o.unwind_cache_dir)
                                       if o.unwind_cache_dir else None,
-                                      self.symbolizer.processes.procfs)
+                                      self.symbolizer.processes.procfs,
+                                      self.python.interpreters)
             self.unwind.start()
             self.symbolizer.processes.listeners.append(self.unwind.submit)
 
@@ -256,6 +261,7 @@ class Session:
         o = self.options
         if self.unwind is not None and not final:
             self.unwind.sweep()
+        exited = self.python.interpreters.retired()  # named in this drain, then forgotten
         out = []
         for p in self.pipelines:
             t0 = time.monotonic()
@@ -266,6 +272,8 @@ class Session:
                 drained.samples.append((builder, builder.build(result.records)))
             drained.seconds = time.monotonic() - t0
             out.append(drained)
+        self.python.interpreters.drop_retired(exited)
+        self.python.forget(exited)
         return out
 
     def unwind_stats(self) -> tuple[LoaderStats, int] | None:

@@ -16,6 +16,7 @@ from .kernel.drain import (
     Stack,
 )
 from .model import Frame, FrameKind, ProfileKind, Sample
+from .runtimes.pycode import PythonNames, is_python
 from .symbols.symbolizer import Symbolizer
 
 
@@ -35,8 +36,10 @@ def _lost(part: str, problem: str) -> Frame:
 class SampleBuilder:
     """Samples of one profile kind from a program's drained records."""
 
-    def __init__(self, symbolizer: Symbolizer, kind: ProfileKind, frequency: int = 0):
+    def __init__(self, symbolizer: Symbolizer, kind: ProfileKind, frequency: int = 0,
+                 python: PythonNames | None = None):
         self.symbolizer = symbolizer
+        self.python = python
         self.kind = kind
         self.ptype = kind.profile_type(frequency)
         self.truncated = 0
@@ -58,7 +61,7 @@ class SampleBuilder:
             else:
                 self.lost_kernel += 1
             return [_lost(part, stack.problem)]
-        frames = (self.symbolizer.user_frames(pid, stack.ips) if part == "user"
+        frames = (self._user_frames(pid, stack.ips) if part == "user"
                   else self.symbolizer.kernel_frames(stack.ips))
         frames.reverse()
         kind = FrameKind.USER if part == "user" else FrameKind.KERNEL
@@ -70,6 +73,37 @@ class SampleBuilder:
             self.cut += 1
             frames.insert(0, Frame.marker(f"[unwind stopped: {stack.cut}]", kind))
         return frames
+
+    def _user_frames(self, pid: int, ips: tuple[int, ...]) -> list[Frame]:
+        """Leaf first. Python slot pairs (bpf/ember.h, EMBER_PY_CODE) become
+        Python frames, in place of the interpreter-loop frame just before
+        them; the native runs between them are symbolized as usual."""
+        if self.python is None or not any(is_python(ip) for ip in ips):
+            return self.symbolizer.user_frames(pid, ips)
+        interp = self.python.interpreters.get(pid)
+        out: list[Frame] = []
+        run: list[int] = []
+        leaf = True
+        i = 0
+        while i < len(ips):
+            ip = ips[i]
+            if not is_python(ip):
+                run.append(ip)
+                i += 1
+                continue
+            if run and interp is not None and interp.in_eval(run[-1] - (0 if leaf and
+                                                                         len(run) == 1 else 1)):
+                run.pop()  # the interpreter loop's frame: its Python frames replace it
+            if run:
+                out += self.symbolizer.user_frames(pid, run, leaf=leaf)
+                leaf = False
+                run = []
+            out.append(self.python.frame(pid, ip, ips[i + 1] if i + 1 < len(ips) else 0))
+            leaf = False
+            i += 2
+        if run:
+            out += self.symbolizer.user_frames(pid, run, leaf=leaf)
+        return out
 
     def _stack(self, r_user: Stack, r_kernel: Stack, pid: int) -> list[Frame]:
         proc = self.symbolizer.processes.get(pid)
@@ -84,7 +118,8 @@ class SampleBuilder:
         procs = self.symbolizer.processes
         procs.touch({r.pid for r in records} | {r.peer_pid for r in records if r.peer_pid})
         # a drain's new processes named in one batch each (the warm path skips it)
-        self.symbolizer.prepare((r.pid, r.user.ips) for r in records if r.user.problem is None)
+        self.symbolizer.prepare((r.pid, [ip for ip in r.user.ips if not is_python(ip)])
+                                for r in records if r.user.problem is None)
         samples = []
         for r in records:
             frames = self._stack(r.user, r.kernel, r.pid)

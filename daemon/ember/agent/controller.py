@@ -87,7 +87,7 @@ class Agent:
         self.exporters: dict[str, Exporter] = exporters(cfg, self.metrics)
         self.accounting = DrainAccounting(self.metrics, self.symbolizer)
         self.registry.register(BpfStatsCollector(self.session.programs, self.labeler.comm,
-                                                 self.session.unwind_stats))
+                                                 self.session.unwind_stats, self.session.python))
         self.resolver = TargetResolver(cfg.targets)
         self.last_loop = time.monotonic()
         self._window_start_ns = time.time_ns()

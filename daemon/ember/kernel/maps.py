@@ -268,9 +268,10 @@ class UnwindMaps:
     """One program's unwind maps: the rows array and the processes' mappings
     (implements unwind.loader.UnwindTarget)."""
 
-    def __init__(self, rows: RowArray, procs: BpfMap):
+    def __init__(self, rows: RowArray, procs: BpfMap, python: BpfMap | None = None):
         self.rows = rows
         self.procs = procs
+        self.python = python
 
     @property
     def row_capacity(self) -> int:
@@ -288,6 +289,12 @@ class UnwindMaps:
 
     def forget_process(self, pid: int) -> None:
         self.procs.delete(ct.c_uint32(pid))
+        if self.python is not None:
+            self.python.delete(ct.c_uint32(pid))
+
+    def set_python(self, pid: int, value: abi.PyProc) -> None:
+        if self.python is not None:
+            self.python.update(ct.c_uint32(pid), value)
 
     def close(self) -> None:
         pass

@@ -82,7 +82,8 @@ class Program:
             self.unwind = UnwindMaps(
                 RowArray("ember_unwind_rows", self._fd("ember_unwind_rows"),
                          self._max("ember_unwind_rows")),
-                self._map("ember_unwind_procs", abi.UnwindProc))
+                self._map("ember_unwind_procs", abi.UnwindProc),
+                self._map("ember_py_procs", abi.PyProc))
 
     # -- map plumbing --
     def _entry(self, name: str) -> tuple[int, int]:

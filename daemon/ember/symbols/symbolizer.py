@@ -106,10 +106,12 @@ class Symbolizer:
         self._vdso: ElfSymbols | None = None
         self._vdso_read = False
 
-    def user_frames(self, pid: int, ips: Sequence[int]) -> list[Frame]:
+    def user_frames(self, pid: int, ips: Sequence[int], leaf: bool = True) -> list[Frame]:
         """Frames for a user stack, in the order given (leaf first). Addresses
-        after the first are return addresses: looked up one byte earlier so a
-        call that ends a function is attributed to its caller correctly.
+        after the first (all of them when ``leaf`` is false: a part of a stack
+        above which other frames stand) are return addresses: looked up one
+        byte earlier so a call that ends a function is attributed to its
+        caller correctly.
         With lines, an address inside inlined code gives several frames: the
         innermost inlined function first, the function it is in last."""
         proc = self.processes.get(pid)
@@ -117,8 +119,9 @@ class Symbolizer:
         frames: list[Frame] = []
         unknown = self.stats.unknown_frames
         for i, ip in enumerate(ips):
+            ret = i > 0 or not leaf
             self.stats.frames += 1
-            hit = memo((pid, ip, i > 0))
+            hit = memo((pid, ip, ret))
             if hit is not None and hit[0] is proc:  # built from these maps
                 frames.extend(hit[1])
                 unknown += hit[2]
@@ -134,15 +137,15 @@ class Symbolizer:
                 frames.append(Frame("[unknown]", FrameKind.USER, None, ip))
                 continue
             before = self.stats.unknown_frames
-            frame = self._user_frame(pid, entry, ip, ip - 1 if i else ip)
-            built = self._with_lines(pid, entry, frame, ip - 1 if i else ip) \
+            frame = self._user_frame(pid, entry, ip, ip - 1 if ret else ip)
+            built = self._with_lines(pid, entry, frame, ip - 1 if ret else ip) \
                 if self.lines and entry.file_backed else (frame,)
             missed = self.stats.unknown_frames - before
             self.stats.unknown_frames = before
             unknown += missed
             frames.extend(built)
             if entry.file_backed:  # JIT maps change under the same address
-                self._frames.put((pid, ip, i > 0), (proc, built, missed))
+                self._frames.put((pid, ip, ret), (proc, built, missed))
         self.stats.unknown_frames = unknown
         return frames
 

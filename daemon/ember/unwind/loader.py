@@ -34,6 +34,7 @@ from typing import Protocol
 from .. import abi
 from ..cache import BoundedCache
 from ..errors import EmberError
+from ..runtimes.cpython import Interpreters
 from ..symbols.elf import ElfSymbols
 from ..symbols.procmaps import MapEntry, Process, ProcFS
 from .tables import DiskUnwindCache, UnwindTable, build_table
@@ -54,6 +55,7 @@ class UnwindTarget(Protocol):
     def write_rows(self, start: int, rows: bytes) -> None: ...
     def set_process(self, pid: int, proc: abi.UnwindProc) -> None: ...
     def forget_process(self, pid: int) -> None: ...
+    def set_python(self, pid: int, value: abi.PyProc) -> None: ...
 
 
 @dataclass
@@ -132,7 +134,7 @@ class TableLoader:
     """Loads the tables of processes into every program's unwind maps."""
 
     def __init__(self, targets: Sequence[UnwindTarget], cache_dir: Path | None = None,
-                 procfs: ProcFS | None = None):
+                 procfs: ProcFS | None = None, interpreters: Interpreters | None = None):
         if not targets:
             raise ValueError("no unwind maps to load into")
         self.targets = list(targets)
@@ -141,6 +143,8 @@ class TableLoader:
         self.rows = RowAllocator(min(t.row_capacity for t in self.targets))
         self.max_processes = min(t.process_capacity for t in self.targets)
         self.stats = LoaderStats()
+        # CPython processes: their frames walked too (runtimes/)
+        self.interpreters = interpreters
         self._known: BoundedCache[tuple[str, int], _Known] = BoundedCache(
             "unwind_objects", 1 << 14)
         self._loaded: dict[tuple[str, int], _Object] = {}
@@ -266,6 +270,12 @@ class TableLoader:
             self.stats.processes = len(self._processes)
         for t in self.targets:
             t.set_process(proc.pid, value)
+        if self.interpreters is not None:
+            interp = self.interpreters.find(proc)
+            if interp is not None:
+                py = interp.bpf()
+                for t in self.targets:
+                    t.set_python(proc.pid, py)
 
     def _know(self, pid: int, entry: MapEntry, key: tuple[str, int]) -> _Known:
         """Open the object once: where, and its load segments."""
@@ -375,6 +385,8 @@ class TableLoader:
                 self.stats.processes = len(self._processes)
             for t in self.targets:
                 t.forget_process(pid)
+            if self.interpreters is not None:
+                self.interpreters.forget([pid])
 
     def sweep(self) -> None:
         """Forget processes that exited (or whose PID was reused)."""

@@ -1,0 +1,145 @@
+/* SPDX-License-Identifier: Apache-2.0
+ *
+ * Python frames inside table-walked stacks, for CPython 3.11 to 3.13.
+ *
+ * User space (daemon/ember/runtimes/) finds CPython processes and puts in
+ * ember_py_procs where their thread states are, the address ranges of the
+ * interpreter loop and the offsets of their version's frames and code
+ * objects. When the table walk (unwind_dwarf.h) reaches a frame of the
+ * interpreter loop, it stops walking native frames and emits, one per
+ * iteration, the Python frames that call of the loop runs, from the thread's
+ * current frame outwards, up to the frame that entered that call (3.11: the
+ * frame with is_entry; 3.12+: the shim frame owned by the C stack). Then the
+ * native walk goes on below the loop's frame. The loop's own frame stays in
+ * the stack, just before its Python frames: user space puts them in its
+ * place (pushing it unconditionally keeps the verifier's paths as few as
+ * without Python). So a stack reads native -> Python -> native, as the
+ * thread ran it.
+ *
+ * The current thread's state is looked up once per walk: cached per thread
+ * in ember_py_threads, checked against its native_thread_id, else searched
+ * in the interpreter's list of thread states.
+ */
+#ifndef EMBER_UNWIND_PYTHON_H
+#define EMBER_UNWIND_PYTHON_H
+
+/* ember_unwind_state.py_mode */
+#define EMBER_PY_OFF 0       /* not a Python process (or its thread state not found) */
+#define EMBER_PY_FIND 1      /* a Python process: find the thread's current frame first */
+#define EMBER_PY_NATIVE 2    /* walking native frames, Python frames at hand */
+#define EMBER_PY_EMIT 3      /* emitting the Python frames of one interpreter-loop call */
+
+BPF_HASH(ember_py_procs, u32, struct ember_py_proc, EMBER_PY_PROCS);
+BPF_TABLE("lru_hash", u32, u64, ember_py_threads, EMBER_PID_ENTRIES);
+
+static __always_inline u64 ember_py_read_ptr(u64 addr)
+{
+    u64 v = 0;
+    if (bpf_probe_read_user(&v, sizeof(v), (void *)addr))
+        return 0;
+    return v;
+}
+
+/* Whether thread state ts belongs to thread tid. */
+static __always_inline int ember_py_is_thread(struct ember_py_proc *py, u64 ts, u32 tid)
+{
+    return ts && ember_py_read_ptr(ts + py->tstate_tid) == tid;
+}
+
+/* The current thread's innermost Python frame: st->py_frame, and py_mode
+ * NATIVE; or py_mode OFF when the thread has no thread state. */
+static __always_inline void ember_py_find(struct ember_unwind_state *st,
+                                          struct ember_py_proc *py)
+{
+    u32 tid = (u32)bpf_get_current_pid_tgid();
+    u64 *cached = ember_py_threads.lookup(&tid);
+    u64 ts = cached ? *cached : 0;
+    if (!ember_py_is_thread(py, ts, tid)) {
+        u64 interp = ember_py_read_ptr(py->interp_head);
+        ts = interp ? ember_py_read_ptr(interp + py->interp_threads) : 0;
+        for (int i = 0; i < EMBER_PY_THREAD_STEPS; i++) {
+            if (!ts || ember_py_is_thread(py, ts, tid))
+                break;
+            ts = ember_py_read_ptr(ts + py->tstate_next);
+        }
+        if (!ember_py_is_thread(py, ts, tid)) {
+            ember_stat_add(EMBER_STAT_PY_NO_THREAD, 1);
+            st->py_mode = EMBER_PY_OFF;
+            return;
+        }
+        ember_py_threads.update(&tid, &ts);
+    }
+    u64 frame = ember_py_read_ptr(ts + py->tstate_frame);
+    if (frame && py->cframe_frame != 0xffff)
+        frame = ember_py_read_ptr(frame + py->cframe_frame);
+    st->py_frame = frame;
+    st->py_mode = EMBER_PY_NATIVE;
+}
+
+/* Whether ip lies in the interpreter loop. */
+static __always_inline int ember_py_in_eval(struct ember_py_proc *py, u64 ip)
+{
+    return (ip >= py->eval_start[0] && ip < py->eval_end[0]) ||
+           (ip >= py->eval_start[1] && ip < py->eval_end[1]);
+}
+
+static __always_inline void ember_py_push(struct ember_unwind_state *st, u64 v)
+{
+    u32 len = st->stack.len;
+    if (len >= EMBER_MAX_STACK_DEPTH)
+        return;
+    st->stack.ips[len] = v;
+    st->stack.len = len + 1;
+    st->stack.hash = (st->stack.hash ^ v) * EMBER_FNV_PRIME;
+}
+
+/* One Python frame of the current interpreter-loop call: emitted (two
+ * slots), or the call's end. 0: the stack is full. */
+static __always_inline int ember_py_step(struct ember_unwind_state *st, struct ember_py_proc *py)
+{
+    u64 f = st->py_frame;
+    if (!f) {
+        st->py_mode = EMBER_PY_NATIVE;
+        return 1;
+    }
+    if (bpf_probe_read_user(st->py_buf, sizeof(st->py_buf), (void *)f)) {
+        ember_stat_add(EMBER_STAT_PY_READ_FAILED, 1);
+        st->py_frame = 0;
+        st->py_mode = EMBER_PY_NATIVE;
+        return 1;
+    }
+    u32 o_prev = py->frame_previous, o_code = py->frame_code, o_instr = py->frame_instr;
+    u32 o_entry = py->frame_entry;
+    if (o_prev > EMBER_PY_FRAME_BYTES - 8 || o_code > EMBER_PY_FRAME_BYTES - 8 ||
+        o_instr > EMBER_PY_FRAME_BYTES - 8 || o_entry > EMBER_PY_FRAME_BYTES - 1) {
+        st->py_frame = 0;
+        st->py_mode = EMBER_PY_NATIVE;
+        return 1;
+    }
+    u64 previous = *(u64 *)(st->py_buf + o_prev);
+    u64 code = *(u64 *)(st->py_buf + o_code);
+    u64 instr = *(u64 *)(st->py_buf + o_instr);
+    u8 entry = st->py_buf[o_entry];
+    st->py_frame = previous;
+    if (py->entry == EMBER_PY_ENTRY_OWNER && entry == py->owned_by_cstack) {
+        /* the shim below the call's first frame: the call ends here */
+        st->py_mode = EMBER_PY_NATIVE;
+        return 1;
+    }
+    if (st->stack.len + 2 > EMBER_MAX_STACK_DEPTH)
+        return 0;
+    u32 first = 0;
+    bpf_probe_read_user(&first, sizeof(first), (void *)(code + py->code_firstlineno));
+    u64 index = 0;
+    u64 base = code + py->code_adaptive;
+    if (instr >= base)
+        index = (instr - base) >> 1;
+    ember_py_push(st, EMBER_PY_CODE | (code & ~EMBER_PY_TAG));
+    ember_py_push(st, EMBER_PY_INSTR | ((u64)(first & 0x3fffffff) << 32) | (index & 0xffffffff));
+    ember_stat_add(EMBER_STAT_PY_FRAMES, 1);
+    if (py->entry == EMBER_PY_ENTRY_IS_ENTRY && entry)
+        st->py_mode = EMBER_PY_NATIVE; /* the call's first frame: it ends here */
+    return 1;
+}
+
+#endif /* EMBER_UNWIND_PYTHON_H */

@@ -1,0 +1,165 @@
+"""CPython processes found and checked, code objects named, from the memory
+of live interpreters (children of the test: no root needed)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from ember import abi
+from ember.runtimes import cpython
+from ember.runtimes.cpython import Interpreter, Interpreters, Memory, PythonError
+from ember.runtimes.pycode import PYTHON_MAPPING, PythonNames, read_code
+from ember.symbols.procmaps import ProcFS
+from tests.support.pythons import DEBIAN_311, pyenv_python
+
+PYTHONS = {"debian-3.11": DEBIAN_311, "pyenv-3.12": pyenv_python("3.12"),
+           "pyenv-3.13": pyenv_python("3.13")}
+
+# The child prints its version and one function's code object, then waits.
+CHILD = """
+import json, sys
+class Box:
+    def work(self):
+        x = 1
+        return x + 1
+code = Box.work.__code__
+print(json.dumps({"version": list(sys.version_info[:3]), "code": id(code),
+                  "first": code.co_firstlineno, "lines": list(code.co_lines()),
+                  "file": code.co_filename}), flush=True)
+sys.stdin.read()
+"""
+
+
+def _child(exe: Path) -> Iterator[tuple[subprocess.Popen[str], dict[str, object]]]:
+    proc = subprocess.Popen([str(exe), "-c", CHILD], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    info = json.loads(proc.stdout.readline())
+    try:
+        yield proc, info
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.fixture(params=sorted(PYTHONS))
+def child(request: pytest.FixtureRequest) -> Iterator[tuple[subprocess.Popen[str],
+                                                             dict[str, object]]]:
+    exe = PYTHONS[request.param]
+    if exe is None or not exe.exists():
+        pytest.skip(f"{request.param} is not installed")
+    yield from _child(exe)
+
+
+def _find(pid: int) -> tuple[Interpreters, Interpreter | None]:
+    fs = ProcFS()
+    interps = Interpreters(fs)
+    proc = fs.read(pid)
+    assert proc is not None
+    return interps, interps.find(proc)
+
+
+def test_found_checked_and_described(child) -> None:  # type: ignore[no-untyped-def]
+    proc, info = child
+    interps, interp = _find(proc.pid)
+    assert interp is not None, interps.failures
+    assert list(interp.version) == info["version"]
+    assert interps.versions() == {f"{interp.version[0]}.{interp.version[1]}": 1}
+    v = interp.bpf()
+    assert v.interp_head == interp.runtime + interp.layout.runtime_interpreters_head
+    assert v.eval_start[0] < v.eval_end[0] and interp.in_eval(v.eval_start[0])
+    expect = abi.PY_ENTRY_OWNER if interp.version[:2] >= (3, 12) else abi.PY_ENTRY_IS_ENTRY
+    assert v.entry == expect
+    # the interpreter's own main thread state names the process's main thread
+    mem = Memory(proc.pid)
+    interp_state = mem.u64(v.interp_head)
+    tstate = mem.u64(interp_state + v.interp_threads)
+    tids = set()
+    while tstate:
+        tids.add(mem.u64(tstate + v.tstate_tid))
+        tstate = mem.u64(tstate + v.tstate_next)
+    assert proc.pid in tids
+
+
+def test_a_code_object_named_with_its_lines(child) -> None:  # type: ignore[no-untyped-def]
+    proc, info = child
+    interps, interp = _find(proc.pid)
+    assert interp is not None
+    code, first = int(info["code"]), int(info["first"])
+    got = read_code(Memory(proc.pid), interp, code, first)
+    assert got.qualname == "Box.work" and got.firstlineno == first
+    assert got.filename == info["file"]
+    assert [list(r) for r in got.ranges] == info["lines"]
+    names = PythonNames(interps)
+    # the instruction at the last range with a line: "return x + 1"
+    start, _, line = [r for r in got.ranges if r[2] is not None][-1]
+    frame = names.frame(proc.pid, abi.PY_CODE | code,
+                        abi.PY_INSTR | first << 32 | start // 2)
+    assert frame.name == f"Box.work (<string>:{line})" and frame.line == line
+    assert frame.mapping == PYTHON_MAPPING and frame.system_name == "Box.work"
+
+
+def test_a_code_object_freed_and_reused_is_not_misnamed(child) -> None:  # type: ignore[no-untyped-def]
+    proc, info = child
+    interps, interp = _find(proc.pid)
+    assert interp is not None
+    code, first = int(info["code"]), int(info["first"])
+    with pytest.raises(PythonError) as e:  # another first line: another code object
+        read_code(Memory(proc.pid), interp, code, first + 1)
+    assert e.value.reason == "code_freed"
+    names = PythonNames(interps)
+    frame = names.frame(proc.pid, abi.PY_CODE | (code + 8), abi.PY_INSTR | first << 32)
+    assert frame.name == "[python code freed]" and names.failures == {"code_freed": 1}
+
+
+def test_a_layout_the_process_disagrees_with_is_refused(  # type: ignore[no-untyped-def]
+        child, monkeypatch: pytest.MonkeyPatch) -> None:
+    proc, _ = child
+    interps, interp = _find(proc.pid)
+    assert interp is not None
+    wrong = dataclasses.replace(interp.layout, code_firstlineno=interp.layout.code_firstlineno + 4)
+    monkeypatch.setattr(cpython, "layout_for", lambda major, minor: wrong)
+    interps2, refused = _find(proc.pid)
+    assert refused is None and interps2.failures == {"layout_mismatch": 1}
+    assert len(interps2) == 0
+
+
+def test_3_10_is_refused_with_its_reason() -> None:
+    exe = pyenv_python("3.10")
+    if exe is None:
+        pytest.skip("pyenv's 3.10 is not installed")
+    for proc, _ in _child(exe):
+        interps, interp = _find(proc.pid)
+        assert interp is None and interps.failures == {"unsupported_version": 1}
+
+
+def test_not_python_is_not_found() -> None:
+    proc = subprocess.Popen(["sleep", "30"])
+    try:
+        interps, interp = _find(proc.pid)
+        assert interp is None and not interps.failures
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_debug_offsets_need_their_cookie() -> None:
+    with pytest.raises(PythonError) as e:
+        cpython.debug_offsets(b"\0" * 512)
+    assert e.value.reason == "layout_mismatch"
+
+
+def test_exited_processes_are_named_until_the_next_drain(child) -> None:  # type: ignore[no-untyped-def]
+    proc, _ = child
+    interps, interp = _find(proc.pid)
+    assert interp is not None
+    interps.forget([proc.pid])
+    assert interps.get(proc.pid) is interp and len(interps) == 0
+    interps.drop_retired(interps.retired())
+    assert interps.get(proc.pid) is None
