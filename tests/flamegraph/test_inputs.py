@@ -15,6 +15,7 @@ from ember.encode.pprof import encode_pprof
 from ember.errors import UsageError
 from ember.flamegraph.inputs import Stacks, as_time, load, stacks_of, strip_hex
 from ember.httpserve import serve
+from ember.runtimes.pycode import PYTHON_MAPPING
 from tests.support.net import free_port
 from tests.support.profiles import cpu_profile
 
@@ -25,8 +26,11 @@ def test_kind_hints_from_pprof() -> None:
     jit = Frame("LazyCompile:*handler", FrameKind.USER, Mapping(1, 2, 0, "[anon]"), 1)
     exe = Frame("main", FrameKind.USER, Mapping(3, 4, 0, "/usr/bin/node"), 3)
     k = Frame("schedule", FrameKind.KERNEL, KERNEL_MAPPING, 5)
-    s = stacks_of(cpu_type(99), [Sample((exe, jit, k), (1, 10), 1, 1, "node")])
-    assert s.kinds == {"main": "user", "LazyCompile:*handler": "jit", "schedule": "kernel"}
+    py = Frame("Box.work (app.py:3)", FrameKind.USER, PYTHON_MAPPING, 0x7f00, "Box.work")
+    s = stacks_of(cpu_type(99), [Sample((exe, jit, k), (1, 10), 1, 1, "node"),
+                                 Sample((exe, py), (1, 10), 1, 1, "python3")])
+    assert s.kinds == {"main": "user", "LazyCompile:*handler": "jit", "schedule": "kernel",
+                       "Box.work (app.py:3)": "python"}
 
 
 def test_folded_time_units_and_offcpu_guess(tmp_path: Path) -> None:

@@ -89,6 +89,9 @@ def test_colours_are_deterministic_and_kind_aware() -> None:
     assert fills["[sleeping]"] == colour("[sleeping]", "synthetic", "hot")
     r, g, b = (int(c) for c in colour("Interpreter::jitted", "jit", "hot")[4:-1].split(","))
     assert g > r and g > b
+    r, g, b = (int(c) for c in colour("Pipeline.stage (app.py:3)", "python", "hot")[4:-1]
+               .split(","))
+    assert min(g, b) > r + 80  # teal: apart from hot user code and from JIT green
     blue = colour("x", "", "io")
     r, g, b = (int(c) for c in blue[4:-1].split(","))
     assert b > r and b > g

@@ -121,7 +121,7 @@ def test_a_code_object_freed_and_reused_is_not_misnamed(child) -> None:  # type:
 def test_a_layout_the_process_disagrees_with_is_refused(  # type: ignore[no-untyped-def]
         child, monkeypatch: pytest.MonkeyPatch) -> None:
     proc, _ = child
-    interps, interp = _find(proc.pid)
+    _, interp = _find(proc.pid)
     assert interp is not None
     wrong = dataclasses.replace(interp.layout, code_firstlineno=interp.layout.code_firstlineno + 4)
     monkeypatch.setattr(cpython, "layout_for", lambda major, minor: wrong)

@@ -26,6 +26,7 @@ from ..encode.pprof import decode_pprof, from_proto
 from ..errors import EmberError, UsageError
 from ..httpserve import fetch
 from ..model import Frame, FrameKind, Profile, ProfileType, Sample, merge_samples
+from ..runtimes.pycode import PYTHON_MAPPING
 from . import svg
 
 TIME_UNITS = {"ns": 1.0, "us": 1e3, "ms": 1e6, "s": 1e9}
@@ -108,8 +109,11 @@ def stacks_of(ptype: ProfileType, samples: Sequence[Sample]) -> Stacks:
 
 
 def _kind(f: Frame) -> str:
-    """The frame's kind, with code in anonymous executable memory (JIT
-    compilers, perf-map names) told apart from user code in files."""
+    """The frame's kind, with Python functions and code in anonymous
+    executable memory (JIT compilers, perf-map names) told apart from user
+    code in files."""
+    if f.mapping is not None and f.mapping.path == PYTHON_MAPPING.path:
+        return svg.PYTHON
     if f.kind == FrameKind.USER and f.mapping is not None and not f.mapping.path.startswith("/"):
         return svg.JIT
     return str(f.kind)

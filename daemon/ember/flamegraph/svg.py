@@ -11,9 +11,9 @@ weight is never lost.
 Colours are deterministic per function name (a hash picks the shade), so
 two graphs can be compared by eye. Palettes: "hot" (on-CPU), "io" (off-CPU,
 blue), and per-kind hints (kernel frames orange-brown, ember's markers
-grey, JIT code green). Differential graphs colour each frame by its change: red grew, blue
-shrank, intensity by the size of the change. Hot/cold graphs colour by the
-share of a frame's time spent off-CPU.
+grey, JIT code green, Python frames teal). Differential graphs colour each
+frame by its change: red grew, blue shrank, intensity by the size of the
+change. Hot/cold graphs colour by the share of a frame's time spent off-CPU.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ PAD_BOTTOM = 34
 PAD_X = 10
 NARROW = "[{n} narrow frames]"
 JIT = "jit"  # frame kind hint: code in anonymous executable memory
+PYTHON = "python"  # frame kind hint: a Python function (runtimes/pycode.py)
 
 
 class Node:
@@ -132,6 +133,8 @@ def colour(name: str, kind: str, palette: str) -> str:
         return f"rgb({int(200 + 30 * h)},{int(130 + 40 * h)},{int(60 + 30 * h)})"
     if kind == JIT:
         return f"rgb({int(60 + 50 * h)},{int(180 + 50 * h)},{int(60 + 50 * h)})"
+    if kind == PYTHON:
+        return f"rgb({int(40 + 50 * h)},{int(165 + 45 * h)},{int(175 + 50 * h)})"
     return f"rgb({int(205 + 50 * h)},{int(230 * h)},{int(55 * h)})"  # hot
 
 
