@@ -27,6 +27,6 @@ def test_docs_name_only_real_metrics() -> None:
                                 "ember_offwake", "ember_sampled", "ember_sched",
                                 "ember_on_cpu", "ember_capture", "ember_unwind_procs",
                                 "ember_ustacks", "ember_unwind_state", "ember_unwind_progs",
-                                "ember_unwind_step")):
+                                "ember_unwind_step", "ember_py_procs", "ember_py_threads")):
                 continue
             assert name in known, f"{doc} names {name}, which ember does not export"

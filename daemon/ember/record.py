@@ -54,6 +54,7 @@ class RecordOptions:
     maps_interval: float = 0.1     # how often new processes' maps are read
     include_self: bool = False
     unwinder: str = "auto"         # how user stacks are walked (unwind.UNWINDERS)
+    python_frames: bool = True     # CPython's frames in place of its interpreter loop
     lines: bool = False            # DWARF source lines and inlined frames
     debug_dirs: tuple[str, ...] = DEFAULT_DEBUG_DIRS
 
@@ -102,7 +103,7 @@ class RecordOptions:
             min_block_ns=self.min_block_us * 1000, max_block_ns=self.max_block_us * 1000,
             sample_ns=self.sample_us * 1000, state_mask=self.state_mask(),
             sys_exit=self.sys_exit_hook, include_self=self.include_self,
-            unwinder=self.unwinder, preload_s=PRELOAD_S)
+            unwinder=self.unwinder, python_frames=self.python_frames, preload_s=PRELOAD_S)
 
 
 #: How long a recording of named PIDs waits for their unwind tables before

@@ -70,6 +70,7 @@ class SessionOptions:
     include_self: bool = False           # profile ember's own process too
     map_memory: int = DEFAULT_MAP_MEMORY  # kernel memory for all BPF maps
     unwinder: str = "auto"               # how user stacks are walked (unwind.UNWINDERS)
+    python_frames: bool = True           # CPython's frames in table-walked stacks
     unwind_cache_dir: str = ""           # unwind tables on disk by build id ("": none)
     preload_s: float = 0.0               # attach waits this long for the target PIDs' tables
 
@@ -183,7 +184,7 @@ class Session:
             self.unwind = TableLoader(targets, Path(o.unwind_cache_dir)
                                       if o.unwind_cache_dir else None,
                                       self.symbolizer.processes.procfs,
-                                      self.python.interpreters)
+                                      self.python.interpreters if o.python_frames else None)
             self.unwind.start()
             self.symbolizer.processes.listeners.append(self.unwind.submit)
 

@@ -55,6 +55,7 @@ def session_options(cfg: config.AgentConfig) -> SessionOptions:
         max_block_ns=int(cfg.max_block * 1e9), sample_ns=int(cfg.offcpu_sample * 1e9),
         sys_exit=cfg.offcpu_sys_exit, include_self=cfg.include_self,
         map_memory=cfg.bpf_map_memory, unwinder=cfg.unwinder,
+        python_frames=cfg.python_frames,
         unwind_cache_dir=cfg.unwind_cache_dir)
 
 

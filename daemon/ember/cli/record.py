@@ -52,6 +52,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--unwinder", choices=tuple(UNWINDERS), default="auto",
                    help="how user stacks are walked: " + "; ".join(
                        f"{k}: {v}" for k, v in UNWINDERS.items()) + " (default auto)")
+    p.add_argument("--python-frames", action=argparse.BooleanOptionalAction, default=True,
+                   help="CPython 3.11-3.13: Python functions (and lines) in place of the "
+                        "interpreter loop's frames; needs the table unwinder (default: yes)")
     p.add_argument("--lines", action="store_true",
                    help="source files and lines (DWARF), with inlined functions as frames "
                         "of their own; pprof output gets a Line per function in each "
@@ -91,6 +94,7 @@ def run(args: argparse.Namespace) -> int:
         min_block_us=args.min_block_us, max_block_us=args.max_block_us, state=args.state,
         sample_us=args.sample_us, sys_exit_hook=args.sys_exit_hook,
         include_self=args.include_self, lines=args.lines, unwinder=args.unwinder,
+        python_frames=args.python_frames,
         debug_dirs=tuple(args.debug_dir) if args.debug_dir else DEFAULT_DEBUG_DIRS,
     )
     options.validate()

@@ -154,6 +154,10 @@ class AgentConfig:
         "How user stacks are walked: " + "; ".join(f"{k}: {v}" for k, v in UNWINDERS.items())
         + ". Tables are built from each object's .eh_frame (or .debug_frame) and kept "
         "in unwind_cache_dir.", "choice", choices=tuple(UNWINDERS)))
+    python_frames: bool = field(default=True, metadata=opt(
+        "CPython 3.11-3.13 processes: their Python functions, with the line running, in "
+        "place of the interpreter loop's frames (read from the processes' memory; needs "
+        "the table unwinder).", "bool"))
     unwind_cache_dir: str = field(default="", metadata=opt(
         "Keep unwind tables on disk here, by build id, so a restarted agent does not "
         "build them again; empty: no disk cache. The systemd unit provides "
