@@ -310,10 +310,13 @@ struct ember_unwind_proc {
 #define EMBER_PY_FRAME_BYTES 128     /* bytes of a frame read at once */
 #define EMBER_PY_FRAMES_PER_PROG 8   /* Python frames per step program */
 /* ember_py_proc.entry: how the frames of one interpreter-loop call end */
+#define EMBER_PY_ENTRY_ONE 0         /* 3.10: one frame per call */
 #define EMBER_PY_ENTRY_IS_ENTRY 1    /* 3.11: the call's first frame has is_entry set */
 #define EMBER_PY_ENTRY_OWNER 2       /* 3.12+: a shim frame owned by the C stack below it */
 /* ember_py_proc.thread_match: which thread-state field names the thread */
 #define EMBER_PY_MATCH_TID 0         /* native_thread_id == the thread's id (3.11+) */
+#define EMBER_PY_MATCH_FSBASE 1      /* thread_id == pthread_self(), the task's user fs
+                                      * base (3.10; task_fsbase from the kernel's BTF) */
 
 /* Value of ember_py_procs (key: tgid): where a CPython process keeps its
  * threads and the layout of its frames and code objects (offsets in bytes,
@@ -329,14 +332,16 @@ struct ember_py_proc {
     __u16 cframe_frame;      /* _PyCFrame.current_frame; 0xffff: no _PyCFrame */
     __u16 frame_previous;
     __u16 frame_code;
-    __u16 frame_instr;       /* prev_instr, instr_ptr, or (3.10) f_lasti */
+    __u16 frame_instr;       /* prev_instr, instr_ptr, or (3.10) f_lasti (an index) */
     __u16 frame_entry;       /* is_entry (3.11) or owner (3.12+) */
     __u16 code_adaptive;     /* co_code_adaptive: the first code unit */
     __u16 code_firstlineno;
     __u8 entry;              /* EMBER_PY_ENTRY_* */
     __u8 owned_by_cstack;    /* 3.12+: the owner value of a shim frame */
     __u8 thread_match;       /* EMBER_PY_MATCH_* */
-    __u8 reserved[7];
+    __u8 reserved;
+    __u16 task_fsbase;       /* MATCH_FSBASE: offsetof(task_struct, thread.fsbase) */
+    __u8 pad[4];
 };
 
 /* Value of ember_ustacks_*: a user stack walked from tables, leaf first. */

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0
  *
- * Python frames inside table-walked stacks, for CPython 3.11 to 3.13.
+ * Python frames inside table-walked stacks, for CPython 3.10 to 3.13.
  *
  * User space (daemon/ember/runtimes/) finds CPython processes and puts in
  * ember_py_procs where their thread states are, the address ranges of the
@@ -8,8 +8,9 @@
  * objects. When the table walk (unwind_dwarf.h) reaches a frame of the
  * interpreter loop, it stops walking native frames and emits, one per
  * iteration, the Python frames that call of the loop runs, from the thread's
- * current frame outwards, up to the frame that entered that call (3.11: the
- * frame with is_entry; 3.12+: the shim frame owned by the C stack). Then the
+ * current frame outwards, up to the frame that entered that call (3.10: each
+ * call runs one frame; 3.11: the frame with is_entry; 3.12+: the shim frame
+ * owned by the C stack). Then the
  * native walk goes on below the loop's frame. The loop's own frame stays in
  * the stack, just before its Python frames: user space puts them in its
  * place (pushing it unconditionally keeps the verifier's paths as few as
@@ -17,8 +18,9 @@
  * thread ran it.
  *
  * The current thread's state is looked up once per walk: cached per thread
- * in ember_py_threads, checked against its native_thread_id, else searched
- * in the interpreter's list of thread states.
+ * in ember_py_threads, checked against its native_thread_id (3.10: its
+ * thread_id, pthread_self(), against the task's fs base), else searched in
+ * the interpreter's list of thread states.
  */
 #ifndef EMBER_UNWIND_PYTHON_H
 #define EMBER_UNWIND_PYTHON_H
@@ -40,10 +42,11 @@ static __always_inline u64 ember_py_read_ptr(u64 addr)
     return v;
 }
 
-/* Whether thread state ts belongs to thread tid. */
-static __always_inline int ember_py_is_thread(struct ember_py_proc *py, u64 ts, u32 tid)
+/* Whether thread state ts belongs to the thread whose id (3.11+: its TID;
+ * 3.10: pthread_self()) is self. */
+static __always_inline int ember_py_is_thread(struct ember_py_proc *py, u64 ts, u64 self)
 {
-    return ts && ember_py_read_ptr(ts + py->tstate_tid) == tid;
+    return ts && ember_py_read_ptr(ts + py->tstate_tid) == self;
 }
 
 /* The current thread's innermost Python frame: st->py_frame, and py_mode
@@ -52,17 +55,25 @@ static __always_inline void ember_py_find(struct ember_unwind_state *st,
                                           struct ember_py_proc *py)
 {
     u32 tid = (u32)bpf_get_current_pid_tgid();
+    u64 self = tid;
+    if (py->thread_match == EMBER_PY_MATCH_FSBASE) {
+        /* 3.10 names threads by pthread_self(): glibc's thread pointer,
+         * the task's user fs base */
+        self = 0;
+        bpf_probe_read_kernel(&self, sizeof(self),
+                              (void *)((u64)bpf_get_current_task() + py->task_fsbase));
+    }
     u64 *cached = ember_py_threads.lookup(&tid);
     u64 ts = cached ? *cached : 0;
-    if (!ember_py_is_thread(py, ts, tid)) {
+    if (!ember_py_is_thread(py, ts, self)) {
         u64 interp = ember_py_read_ptr(py->interp_head);
         ts = interp ? ember_py_read_ptr(interp + py->interp_threads) : 0;
         for (int i = 0; i < EMBER_PY_THREAD_STEPS; i++) {
-            if (!ts || ember_py_is_thread(py, ts, tid))
+            if (!ts || ember_py_is_thread(py, ts, self))
                 break;
             ts = ember_py_read_ptr(ts + py->tstate_next);
         }
-        if (!ember_py_is_thread(py, ts, tid)) {
+        if (!ember_py_is_thread(py, ts, self)) {
             ember_stat_add(EMBER_STAT_PY_NO_THREAD, 1);
             st->py_mode = EMBER_PY_OFF;
             return;
@@ -132,12 +143,16 @@ static __always_inline int ember_py_step(struct ember_unwind_state *st, struct e
     bpf_probe_read_user(&first, sizeof(first), (void *)(code + py->code_firstlineno));
     u64 index = 0;
     u64 base = code + py->code_adaptive;
-    if (instr >= base)
+    if (py->entry == EMBER_PY_ENTRY_ONE) {
+        s32 lasti = (s32)instr;  /* 3.10: f_lasti, an index already (-1: not started) */
+        index = lasti > 0 ? lasti : 0;
+    } else if (instr >= base) {
         index = (instr - base) >> 1;
+    }
     ember_py_push(st, EMBER_PY_CODE | (code & ~EMBER_PY_TAG));
     ember_py_push(st, EMBER_PY_INSTR | ((u64)(first & 0x3fffffff) << 32) | (index & 0xffffffff));
     ember_stat_add(EMBER_STAT_PY_FRAMES, 1);
-    if (py->entry == EMBER_PY_ENTRY_IS_ENTRY && entry)
+    if (py->entry == EMBER_PY_ENTRY_ONE || (py->entry == EMBER_PY_ENTRY_IS_ENTRY && entry))
         st->py_mode = EMBER_PY_NATIVE; /* the call's first frame: it ends here */
     return 1;
 }

@@ -66,9 +66,11 @@ PY_TAG = 0xC000000000000000
 PY_THREAD_STEPS = 32
 PY_FRAME_BYTES = 128
 PY_FRAMES_PER_PROG = 8
+PY_ENTRY_ONE = 0
 PY_ENTRY_IS_ENTRY = 1
 PY_ENTRY_OWNER = 2
 PY_MATCH_TID = 0
+PY_MATCH_FSBASE = 1
 PY_NO_CFRAME = 0xFFFF
 CFA_UNSUPPORTED = 0
 CFA_RSP = 1
@@ -284,7 +286,9 @@ class PyProc(ct.Structure):
         ("entry", ct.c_uint8),
         ("owned_by_cstack", ct.c_uint8),
         ("thread_match", ct.c_uint8),
-        ("reserved", ct.c_uint8 * 7),
+        ("reserved", ct.c_uint8),
+        ("task_fsbase", ct.c_uint16),
+        ("pad", ct.c_uint8 * 4),
     ]
 
 
@@ -371,9 +375,11 @@ CONSTANTS: dict[str, int] = {
     "EMBER_PY_THREAD_STEPS": PY_THREAD_STEPS,
     "EMBER_PY_FRAME_BYTES": PY_FRAME_BYTES,
     "EMBER_PY_FRAMES_PER_PROG": PY_FRAMES_PER_PROG,
+    "EMBER_PY_ENTRY_ONE": PY_ENTRY_ONE,
     "EMBER_PY_ENTRY_IS_ENTRY": PY_ENTRY_IS_ENTRY,
     "EMBER_PY_ENTRY_OWNER": PY_ENTRY_OWNER,
     "EMBER_PY_MATCH_TID": PY_MATCH_TID,
+    "EMBER_PY_MATCH_FSBASE": PY_MATCH_FSBASE,
     **{f"EMBER_UNWIND_END_{e.name}": int(e) for e in UnwindEnd},
     "EMBER_STAT_MAX": STAT_MAX,
     **{f"EMBER_STAT_{s.name}": int(s) for s in Stat},

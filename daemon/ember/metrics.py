@@ -315,7 +315,7 @@ class BpfStatsCollector(Collector):
         refused = CounterMetricFamily(
             "ember_python_refused_total",
             "CPython processes left without Python frames, by reason: "
-            "unsupported_version, layout_mismatch (the process disagrees with the "
+            "unsupported_version, no_btf, layout_mismatch (the process disagrees with the "
             "layout of its version), free_threaded, read_failed, no_mapping",
             labels=["reason"])
         named = CounterMetricFamily(

@@ -12,14 +12,15 @@ from pathlib import Path
 import pytest
 
 from ember import abi
+from ember.kernel.btf import BtfError
 from ember.runtimes import cpython
 from ember.runtimes.cpython import Interpreter, Interpreters, Memory, PythonError
 from ember.runtimes.pycode import PYTHON_MAPPING, PythonNames, read_code
 from ember.symbols.procmaps import ProcFS
 from tests.support.pythons import DEBIAN_311, pyenv_python
 
-PYTHONS = {"debian-3.11": DEBIAN_311, "pyenv-3.12": pyenv_python("3.12"),
-           "pyenv-3.13": pyenv_python("3.13")}
+PYTHONS = {"debian-3.11": DEBIAN_311, "pyenv-3.10": pyenv_python("3.10"),
+           "pyenv-3.12": pyenv_python("3.12"), "pyenv-3.13": pyenv_python("3.13")}
 
 # The child prints its version and one function's code object, then waits.
 CHILD = """
@@ -36,8 +37,9 @@ sys.stdin.read()
 """
 
 
-def _child(exe: Path) -> Iterator[tuple[subprocess.Popen[str], dict[str, object]]]:
-    proc = subprocess.Popen([str(exe), "-c", CHILD], stdin=subprocess.PIPE,
+def _child(exe: Path, script: str = CHILD
+           ) -> Iterator[tuple[subprocess.Popen[str], dict[str, object]]]:
+    proc = subprocess.Popen([str(exe), "-c", script], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
     info = json.loads(proc.stdout.readline())
@@ -69,22 +71,34 @@ def test_found_checked_and_described(child) -> None:  # type: ignore[no-untyped-
     proc, info = child
     interps, interp = _find(proc.pid)
     assert interp is not None, interps.failures
-    assert list(interp.version) == info["version"]
+    version = info["version"]
+    assert isinstance(version, list)
+    if interp.version[:2] == (3, 10):  # no Py_Version: the micro version is not known
+        version = [*version[:2], 0]
+    assert list(interp.version) == version
     assert interps.versions() == {f"{interp.version[0]}.{interp.version[1]}": 1}
     v = interp.bpf()
     assert v.interp_head == interp.runtime + interp.layout.runtime_interpreters_head
     assert v.eval_start[0] < v.eval_end[0] and interp.in_eval(v.eval_start[0])
-    expect = abi.PY_ENTRY_OWNER if interp.version[:2] >= (3, 12) else abi.PY_ENTRY_IS_ENTRY
+    minor = interp.version[:2]
+    expect = (abi.PY_ENTRY_OWNER if minor >= (3, 12) else
+              abi.PY_ENTRY_IS_ENTRY if minor == (3, 11) else abi.PY_ENTRY_ONE)
     assert v.entry == expect
-    # the interpreter's own main thread state names the process's main thread
+    assert v.thread_match == (abi.PY_MATCH_FSBASE if minor == (3, 10) else abi.PY_MATCH_TID)
+    # the interpreter's own thread states name the process's main thread: by
+    # its TID, or (3.10) by pthread_self(), which glibc keeps at the thread
+    # pointer's own address (tcbhead_t.self at %fs:0x10)
     mem = Memory(proc.pid)
     interp_state = mem.u64(v.interp_head)
     tstate = mem.u64(interp_state + v.interp_threads)
-    tids = set()
+    ids = set()
     while tstate:
-        tids.add(mem.u64(tstate + v.tstate_tid))
+        ids.add(mem.u64(tstate + v.tstate_tid))
         tstate = mem.u64(tstate + v.tstate_next)
-    assert proc.pid in tids
+    if v.thread_match == abi.PY_MATCH_TID:
+        assert proc.pid in ids
+    else:
+        assert v.task_fsbase > 0 and any(mem.u64(i + 0x10) == i for i in ids), ids
 
 
 def test_a_code_object_named_with_its_lines(child) -> None:  # type: ignore[no-untyped-def]
@@ -93,7 +107,8 @@ def test_a_code_object_named_with_its_lines(child) -> None:  # type: ignore[no-u
     assert interp is not None
     code, first = int(info["code"]), int(info["first"])
     got = read_code(Memory(proc.pid), interp, code, first)
-    assert got.qualname == "Box.work" and got.firstlineno == first
+    qualname = "work" if interp.version[:2] == (3, 10) else "Box.work"  # no co_qualname
+    assert got.qualname == qualname and got.firstlineno == first
     assert got.filename == info["file"]
     assert [list(r) for r in got.ranges] == info["lines"]
     names = PythonNames(interps)
@@ -101,8 +116,8 @@ def test_a_code_object_named_with_its_lines(child) -> None:  # type: ignore[no-u
     start, _, line = [r for r in got.ranges if r[2] is not None][-1]
     frame = names.frame(proc.pid, abi.PY_CODE | code,
                         abi.PY_INSTR | first << 32 | start // 2)
-    assert frame.name == f"Box.work (<string>:{line})" and frame.line == line
-    assert frame.mapping == PYTHON_MAPPING and frame.system_name == "Box.work"
+    assert frame.name == f"{qualname} (<string>:{line})" and frame.line == line
+    assert frame.mapping == PYTHON_MAPPING and frame.system_name == qualname
 
 
 def test_a_code_object_freed_and_reused_is_not_misnamed(child) -> None:  # type: ignore[no-untyped-def]
@@ -130,13 +145,28 @@ def test_a_layout_the_process_disagrees_with_is_refused(  # type: ignore[no-unty
     assert len(interps2) == 0
 
 
-def test_3_10_is_refused_with_its_reason() -> None:
+def test_3_9_is_refused_with_its_reason() -> None:
+    exe = pyenv_python("3.9")
+    if exe is None:
+        pytest.skip("pyenv's 3.9 is not installed")
+    for proc, _ in _child(exe, "import sys; print('{}', flush=True); sys.stdin.read()"):
+        interps, interp = _find(proc.pid)
+        assert interp is None and interps.failures == {"unsupported_version": 1}
+
+
+def test_3_10_without_btf_is_refused_with_its_reason() -> None:
     exe = pyenv_python("3.10")
     if exe is None:
         pytest.skip("pyenv's 3.10 is not installed")
+
+    def no_btf() -> int:
+        raise BtfError("cannot read /sys/kernel/btf/vmlinux: No such file or directory")
+
     for proc, _ in _child(exe):
-        interps, interp = _find(proc.pid)
-        assert interp is None and interps.failures == {"unsupported_version": 1}
+        interps = Interpreters(ProcFS(), task_fsbase=no_btf)
+        found = ProcFS().read(proc.pid)
+        assert found is not None and interps.find(found) is None
+        assert interps.failures == {"no_btf": 1}
 
 
 def test_not_python_is_not_found() -> None:

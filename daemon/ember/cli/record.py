@@ -53,7 +53,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="how user stacks are walked: " + "; ".join(
                        f"{k}: {v}" for k, v in UNWINDERS.items()) + " (default auto)")
     p.add_argument("--python-frames", action=argparse.BooleanOptionalAction, default=True,
-                   help="CPython 3.11-3.13: Python functions (and lines) in place of the "
+                   help="CPython 3.10-3.13: Python functions (and lines) in place of the "
                         "interpreter loop's frames; needs the table unwinder (default: yes)")
     p.add_argument("--lines", action="store_true",
                    help="source files and lines (DWARF), with inlined functions as frames "

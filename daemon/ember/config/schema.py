@@ -155,7 +155,7 @@ class AgentConfig:
         + ". Tables are built from each object's .eh_frame (or .debug_frame) and kept "
         "in unwind_cache_dir.", "choice", choices=tuple(UNWINDERS)))
     python_frames: bool = field(default=True, metadata=opt(
-        "CPython 3.11-3.13 processes: their Python functions, with the line running, in "
+        "CPython 3.10-3.13 processes: their Python functions, with the line running, in "
         "place of the interpreter loop's frames (read from the processes' memory; needs "
         "the table unwinder).", "bool"))
     unwind_cache_dir: str = field(default="", metadata=opt(

@@ -1,10 +1,11 @@
 """CPython processes: found, checked, and described to the BPF frame walker.
 
 A process runs CPython when its executable or a mapped ``libpython3.X``
-exports ``_PyRuntime``, ``Py_Version`` and ``_PyEval_EvalFrameDefault``. Its
-version comes from ``Py_Version`` in its memory (not from a file name), the
-offsets of its structs from :mod:`.pylayouts` for that version; before BPF
-gets them they are cross-checked against the process itself:
+exports ``_PyRuntime`` and ``_PyEval_EvalFrameDefault``. Its version comes
+from ``Py_Version`` in its memory (3.11+; 3.10 has none: the object's name,
+python3.10 or libpython3.10), the offsets of its structs from
+:mod:`.pylayouts` for that version; before BPF gets them they are
+cross-checked against the process itself:
 
 - ``PyCode_Type``'s member table (``co_filename``, ``co_name``,
   ``co_qualname``, ``co_firstlineno``, ``co_linetable``: their offsets as the
@@ -13,9 +14,9 @@ gets them they are cross-checked against the process itself:
   interpreter's own statement of where its threads, frames and code live.
 
 A process where any of them disagrees gets no Python frames (its stacks stay
-native), counted by reason and logged once per reason. 3.10 is not walked:
-its thread states name threads only by ``pthread_self()``, which BPF cannot
-read without the task's fsbase (see docs/design.md).
+native), counted by reason and logged once per reason. 3.10's thread states
+name threads only by ``pthread_self()``: BPF compares it with the task's
+user fs base, whose offset in ``task_struct`` comes from the kernel's BTF.
 """
 
 from __future__ import annotations
@@ -26,22 +27,24 @@ import re
 import struct
 import threading
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 from .. import abi
 from ..cache import BoundedCache
 from ..errors import EmberError
+from ..kernel.btf import task_fsbase_offset
 from ..symbols.procmaps import MapEntry, Process, ProcFS
 from .pylayouts import Layout, layout_for
 
 log = logging.getLogger(__name__)
 
-WALKED = ((3, 11), (3, 12), (3, 13))  # versions whose frames BPF walks
+WALKED = ((3, 10), (3, 11), (3, 12), (3, 13))  # versions whose frames BPF walks
 _WANTED = ("_PyRuntime", "Py_Version", "_PyEval_EvalFrameDefault",
            "_PyEval_EvalFrameDefault.cold", "PyCode_Type")
 _LIBPYTHON = re.compile(r"libpython3\.\d+")
+_NAMED_VERSION = re.compile(r"python(3)\.(\d+)")
 _DEBUG_COOKIE = b"xdebugpy"
 
 
@@ -66,6 +69,7 @@ class Interpreter:
     runtime: int                           # address of _PyRuntime
     code_type: int                         # address of PyCode_Type
     eval_ranges: tuple[tuple[int, int], ...]  # the interpreter loop (and .cold)
+    task_fsbase: int = 0                   # 3.10: offsetof(task_struct, thread.fsbase)
 
     @property
     def minor(self) -> tuple[int, int]:
@@ -83,7 +87,11 @@ class Interpreter:
             v.eval_start[i], v.eval_end[i] = lo, hi
         v.interp_threads = lay.interp_threads_head
         v.tstate_next = lay.tstate_next
-        v.tstate_tid = lay.tstate_native_thread_id
+        if lay.tstate_native_thread_id >= 0:
+            v.tstate_tid, v.thread_match = lay.tstate_native_thread_id, abi.PY_MATCH_TID
+        else:
+            v.tstate_tid, v.thread_match = lay.tstate_thread_id, abi.PY_MATCH_FSBASE
+            v.task_fsbase = self.task_fsbase
         v.tstate_frame = lay.tstate_frame
         v.cframe_frame = (lay.cframe_current_frame if lay.cframe_current_frame >= 0
                           else abi.PY_NO_CFRAME)
@@ -93,11 +101,12 @@ class Interpreter:
         if lay.owned_by_cstack >= 0:
             v.entry, v.frame_entry = abi.PY_ENTRY_OWNER, lay.frame_owner
             v.owned_by_cstack = lay.owned_by_cstack
-        else:
+        elif lay.frame_is_entry >= 0:
             v.entry, v.frame_entry = abi.PY_ENTRY_IS_ENTRY, lay.frame_is_entry
-        v.code_adaptive = lay.code_adaptive
+        else:
+            v.entry, v.frame_entry = abi.PY_ENTRY_ONE, 0
+        v.code_adaptive = max(lay.code_adaptive, 0)
         v.code_firstlineno = lay.code_firstlineno
-        v.thread_match = abi.PY_MATCH_TID
         return v
 
 
@@ -171,8 +180,11 @@ class Interpreters:
     """CPython processes found so far: pid -> Interpreter, and how many were
     found, refused and why (for /metrics)."""
 
-    def __init__(self, procfs: ProcFS | None = None, max_objects: int = 256):
+    def __init__(self, procfs: ProcFS | None = None, max_objects: int = 256,
+                 task_fsbase: Callable[[], int] = task_fsbase_offset):
         self.procfs = procfs or ProcFS()
+        self._task_fsbase = task_fsbase
+        self._fsbase: int | None = None
         self._by_pid: dict[int, Interpreter] = {}
         # exited processes: kept until the drain after they went, whose
         # records still hold their frames
@@ -269,16 +281,30 @@ class Interpreters:
             return self._check(proc.pid, exports, bias, entries[0].path)
         return None
 
+    def _fsbase_offset(self) -> int:
+        """Where task_struct keeps the user fs base (from BTF, read once)."""
+        if self._fsbase is None:
+            try:
+                self._fsbase = self._task_fsbase()
+            except EmberError as e:
+                raise PythonError("no_btf", f"3.10 needs the kernel's BTF: {e}") from e
+        return self._fsbase
+
     def _check(self, pid: int, exports: _Exports, bias: int, path: str) -> Interpreter:
         sym = exports.symbols
-        missing = [n for n in ("Py_Version", "_PyEval_EvalFrameDefault", "PyCode_Type")
-                   if n not in sym]
+        missing = [n for n in ("_PyEval_EvalFrameDefault", "PyCode_Type") if n not in sym]
         if missing:
-            raise PythonError("unsupported_version",
-                              f"{path} exports no {', '.join(missing)} (before 3.11?)")
+            raise PythonError("unsupported_version", f"{path} exports no {', '.join(missing)}")
         mem = Memory(pid, self.procfs.root)
-        hexversion = int.from_bytes(mem.read(bias + sym["Py_Version"][0], 4), "little")
-        version = (hexversion >> 24, (hexversion >> 16) & 0xFF, (hexversion >> 8) & 0xFF)
+        if "Py_Version" in sym:
+            hexversion = int.from_bytes(mem.read(bias + sym["Py_Version"][0], 4), "little")
+            version = (hexversion >> 24, (hexversion >> 16) & 0xFF, (hexversion >> 8) & 0xFF)
+        else:  # before 3.11: the name says (and the member table must agree)
+            named = _NAMED_VERSION.search(os.path.basename(path))
+            if named is None:
+                raise PythonError("unsupported_version", f"{path}: no Py_Version, no version "
+                                  "in its name")
+            version = (int(named.group(1)), int(named.group(2)), 0)
         layout = layout_for(version[0], version[1])
         if layout is None or version[:2] not in WALKED:
             raise PythonError("unsupported_version",
@@ -288,8 +314,9 @@ class Interpreters:
             if name in sym:
                 value, size = sym[name]
                 ranges.append((bias + value, bias + value + max(size, 1)))
+        fsbase = self._fsbase_offset() if layout.tstate_native_thread_id < 0 else 0
         interp = Interpreter(pid, version, layout, bias + sym["_PyRuntime"][0],
-                             bias + sym["PyCode_Type"][0], tuple(ranges))
+                             bias + sym["PyCode_Type"][0], tuple(ranges), fsbase)
         _check_members(mem, interp)
         if version[:2] >= (3, 13):
             _check_debug_offsets(mem, interp)
@@ -305,6 +332,7 @@ def _check_members(mem: Memory, interp: Interpreter) -> None:
     want = {"co_filename": lay.code_filename, "co_name": lay.code_name,
             "co_qualname": lay.code_qualname, "co_firstlineno": lay.code_firstlineno,
             "co_linetable": lay.code_linetable}
+    want = {k: v for k, v in want.items() if v >= 0}  # 3.10: no co_qualname
     seen: dict[str, int] = {}
     table = mem.read(members, lay.member_size * 64)
     for i in range(64):

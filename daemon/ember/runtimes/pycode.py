@@ -98,7 +98,8 @@ def read_code(mem: Memory, interp: Interpreter, code: int, first: int) -> CodeIn
     """One code object's names and line ranges; PythonError("code_freed")
     when the memory holds no code object with that first line any more."""
     lay = interp.layout
-    head = mem.read(code, max(lay.code_linetable, lay.code_firstlineno, lay.code_qualname) + 8)
+    head = mem.read(code, max(lay.code_linetable, lay.code_firstlineno, lay.code_qualname,
+                              lay.code_name, lay.code_filename) + 8)
 
     def ptr(off: int) -> int:
         return int.from_bytes(head[off:off + 8], "little")
@@ -107,7 +108,9 @@ def read_code(mem: Memory, interp: Interpreter, code: int, first: int) -> CodeIn
                                  signed=True)
     if ptr(lay.object_type) != interp.code_type or firstlineno & 0x3FFFFFFF != first:
         raise PythonError("code_freed", f"no code object at {code:#x} any more")
-    qualname = read_str(mem, interp, ptr(lay.code_qualname))
+    # 3.10 has no co_qualname: the bare name
+    qualname = read_str(mem, interp, ptr(lay.code_qualname if lay.code_qualname >= 0
+                                         else lay.code_name))
     filename = read_str(mem, interp, ptr(lay.code_filename))
     table = read_bytes(mem, interp, ptr(lay.code_linetable))
     try:
