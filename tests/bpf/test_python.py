@@ -258,3 +258,50 @@ def _py_spy_share(folded: str) -> tuple[float, int]:
             render += int(count)
     assert parse + render > 0, folded[:500]
     return 100.0 * parse / (parse + render), parse + render
+
+
+def test_the_agent_ships_python_frames_and_counts_them(tmp_path: Path) -> None:
+    """The agent's path: the process found, Python frames in what reaches
+    the collector, the counts on /metrics."""
+    import urllib.request
+
+    from ember import config
+    from ember.collector.server import Collector
+    from ember.config import AgentConfig, CollectorConfig, Targets
+    from tests.support.agent import running_agent
+    from tests.support.net import free_port
+
+    proc = subprocess.Popen([str(DEBIAN_311), str(SCRIPT), "120"], stdout=subprocess.PIPE,
+                            text=True)
+    port, metrics_port = free_port(), free_port()
+    c = Collector(CollectorConfig(grpc_listen=f"127.0.0.1:{port}", http_listen="127.0.0.1:0",
+                                  storage=str(tmp_path / "db.sqlite")))
+    c.start()
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        cfg = config.override(AgentConfig(), collector=f"127.0.0.1:{port}", interval=1.0,
+                              frequency=199, metrics_listen=f"127.0.0.1:{metrics_port}",
+                              spool_dir=str(tmp_path / "spool"),
+                              targets=Targets(pids=(proc.pid,)))
+        folded = ""
+        with running_agent(cfg):
+            deadline = time.monotonic() + 90  # a loaded machine attaches and ships late
+            while "stage_parse (pipeline.py:" not in folded and time.monotonic() < deadline:
+                time.sleep(1)
+                code, body, _ = c.api.handle("/api/v1/profile",
+                                             {"type": ["cpu"], "format": ["folded"]})
+                folded = body.decode() if code == 200 and isinstance(body, bytes) else ""
+            with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics") as r:
+                metrics = r.read().decode()
+        assert f"Pipeline.stage_parse (pipeline.py:{LINES['parse']})" in folded, folded[:2000]
+        assert 'ember_python_processes{version="3.11"} 1.0' in metrics
+        frames = [float(line.split()[-1]) for line in metrics.splitlines()
+                  if line.startswith("ember_bpf_python_frames_total{")]
+        assert sum(frames) > 0, frames
+        named = [line for line in metrics.splitlines()
+                 if line.startswith('ember_python_frames_named_total{outcome="named"}')]
+        assert named and float(named[0].split()[-1]) > 0, named
+    finally:
+        c.close()
+        proc.kill()
+        proc.wait()
