@@ -152,6 +152,9 @@ def test_3_9_is_refused_with_its_reason() -> None:
     for proc, _ in _child(exe, "import sys; print('{}', flush=True); sys.stdin.read()"):
         interps, interp = _find(proc.pid)
         assert interp is None and interps.failures == {"unsupported_version": 1}
+        found = ProcFS().read(proc.pid)
+        assert found is not None and interps.find(found) is None
+        assert interps.failures == {"unsupported_version": 1}  # a process, counted once
 
 
 def test_3_10_without_btf_is_refused_with_its_reason() -> None:

@@ -191,6 +191,10 @@ class Interpreters:
         self._retired: dict[int, Interpreter] = {}
         self._exports: BoundedCache[tuple[str, int], _Exports | None] = BoundedCache(
             "python_objects", max_objects)
+        # (pid, start time, candidate objects) -> what find() said
+        self._verdicts: BoundedCache[tuple[int, int, tuple[tuple[str, int], ...]],
+                                     Interpreter | None] = BoundedCache(
+            "python_processes", 1 << 14, entry_bytes=300)
         self._lock = threading.Lock()
         self.found: Counter[str] = Counter()     # by "3.X"
         self.failures: Counter[str] = Counter()  # by reason
@@ -226,7 +230,13 @@ class Interpreters:
 
     def find(self, proc: Process) -> Interpreter | None:
         """proc's interpreter, checked, or None (not CPython, or refused:
-        counted and logged once per reason)."""
+        counted and logged once per reason). A process is checked once per
+        set of candidate objects: its maps change often (every extension
+        module loaded), its interpreter does not, unless it execs."""
+        key = (proc.pid, proc.start_time,
+               tuple((m[0].path, m[0].inode) for m in self._candidates(proc)))
+        if key in self._verdicts:
+            return self._verdicts.get(key)
         try:
             interp = self._find(proc)
         except PythonError as e:
@@ -234,7 +244,10 @@ class Interpreters:
             if e.reason not in self._logged:
                 self._logged.add(e.reason)
                 log.warning("python frames off for pid %d: %s", proc.pid, e)
-            return None
+            interp = None
+            if e.reason == "read_failed":
+                return None  # may work next time: not remembered
+        self._verdicts.put(key, interp)
         if interp is not None:
             with self._lock:
                 if proc.pid not in self._by_pid:
