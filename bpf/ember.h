@@ -339,7 +339,8 @@ struct ember_py_proc {
     __u8 entry;              /* EMBER_PY_ENTRY_* */
     __u8 owned_by_cstack;    /* 3.12+: the owner value of a shim frame */
     __u8 thread_match;       /* EMBER_PY_MATCH_* */
-    __u8 reserved;
+    __u8 frame_bytes;        /* bytes of a frame to read: past the last field used
+                              * (a frame at a page's end must not fail for more) */
     __u16 task_fsbase;       /* MATCH_FSBASE: offsetof(task_struct, thread.fsbase) */
     __u8 pad[4];
 };

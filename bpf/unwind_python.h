@@ -113,7 +113,10 @@ static __always_inline int ember_py_step(struct ember_unwind_state *st, struct e
         st->py_mode = EMBER_PY_NATIVE;
         return 1;
     }
-    if (bpf_probe_read_user(st->py_buf, sizeof(st->py_buf), (void *)f)) {
+    u32 n = py->frame_bytes;
+    if (n < 8 || n > EMBER_PY_FRAME_BYTES)
+        n = EMBER_PY_FRAME_BYTES;
+    if (bpf_probe_read_user(st->py_buf, n, (void *)f)) {
         ember_stat_add(EMBER_STAT_PY_READ_FAILED, 1);
         st->py_frame = 0;
         st->py_mode = EMBER_PY_NATIVE;

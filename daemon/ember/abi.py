@@ -286,7 +286,7 @@ class PyProc(ct.Structure):
         ("entry", ct.c_uint8),
         ("owned_by_cstack", ct.c_uint8),
         ("thread_match", ct.c_uint8),
-        ("reserved", ct.c_uint8),
+        ("frame_bytes", ct.c_uint8),
         ("task_fsbase", ct.c_uint16),
         ("pad", ct.c_uint8 * 4),
     ]

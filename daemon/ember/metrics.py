@@ -191,8 +191,7 @@ class PythonStats(Protocol):
 
     @property
     def frames(self) -> int: ...
-    @property
-    def failures(self) -> Mapping[str, int]: ...
+    def failed(self) -> Mapping[str, int]: ...
     def processes(self) -> Mapping[str, int]: ...
     def refused(self) -> Mapping[str, int]: ...
 
@@ -328,9 +327,9 @@ class BpfStatsCollector(Collector):
                 procs.add_metric([version], n)
             for reason, n in sorted(self.python.refused().items()):
                 refused.add_metric([reason], n)
-            failed = sum(self.python.failures.values())
-            named.add_metric(["named"], self.python.frames - failed)
-            for reason, n in sorted(self.python.failures.items()):
+            failures = self.python.failed()
+            named.add_metric(["named"], self.python.frames - sum(failures.values()))
+            for reason, n in sorted(failures.items()):
                 named.add_metric([reason], n)
         yield from (procs, refused, named)
 

@@ -98,7 +98,9 @@ class SampleBuilder:
                 out += self.symbolizer.user_frames(pid, run, leaf=leaf)
                 leaf = False
                 run = []
-            out.append(self.python.frame(pid, ip, ips[i + 1] if i + 1 < len(ips) else 0))
+            frame = self.python.frame(pid, ip, ips[i + 1] if i + 1 < len(ips) else 0)
+            if frame is not None:
+                out.append(frame)
             leaf = False
             i += 2
         if run:

@@ -78,7 +78,7 @@ def test_found_checked_and_described(child) -> None:  # type: ignore[no-untyped-
     assert list(interp.version) == version
     assert interps.versions() == {f"{interp.version[0]}.{interp.version[1]}": 1}
     v = interp.bpf()
-    assert v.interp_head == interp.runtime + interp.layout.runtime_interpreters_head
+    assert v.interp_head == interp.runtime + interp.layout.runtime_interpreters_main
     assert v.eval_start[0] < v.eval_end[0] and interp.in_eval(v.eval_start[0])
     minor = interp.version[:2]
     expect = (abi.PY_ENTRY_OWNER if minor >= (3, 12) else
@@ -196,3 +196,32 @@ def test_exited_processes_are_named_until_the_next_drain(child) -> None:  # type
     assert interps.get(proc.pid) is interp and len(interps) == 0
     interps.drop_retired(interps.retired())
     assert interps.get(proc.pid) is None
+
+
+def test_the_cold_part_of_a_stripped_interpreter_is_found() -> None:
+    """Debian's python3.11 is stripped: no symbol names the loop's .cold
+    part. The part found must lie outside the hot part and begin inside a
+    frame (its first row's CFA is not rsp+8, a function's entry), and the
+    hot part's own .cold symbol must win where there is one."""
+    from elftools.elf.elffile import ELFFile
+
+    from ember.unwind.cfa import CFA_RSP
+    from ember.unwind.tables import build_table, lookup
+
+    if not DEBIAN_311.exists():
+        pytest.skip("Debian's python3.11 is not installed")
+    exports = cpython._read_exports(DEBIAN_311)
+    assert exports is not None
+    hot, size = exports.symbols["_PyEval_EvalFrameDefault"]
+    cold, cold_size = exports.symbols[cpython.COLD]
+    assert not hot <= cold < hot + size and cold_size > 1024
+    row = lookup(build_table(DEBIAN_311), cold)
+    assert row is not None and row.pc == cold
+    assert (row.cfa_type, row.cfa_offset) != (CFA_RSP, 8), row
+    with open(DEBIAN_311, "rb") as f:
+        assert cpython.cold_part(str(DEBIAN_311), ELFFile(f), (hot, size)) == (cold, cold_size)
+    lib = pyenv_python("3.12")
+    if lib is not None:
+        shared = next(lib.parent.parent.glob("lib/libpython3.12.so.1.0"))
+        with_symbols = cpython._read_exports(shared)
+        assert with_symbols is not None and with_symbols.symbols[cpython.COLD][1] < 64

@@ -198,6 +198,9 @@ api.PyThreadState_Get.restype = ctypes.c_void_p
 runtime = ctypes.addressof(ctypes.c_char.in_dll(api, "_PyRuntime"))
 interp = ptr(runtime + L["runtime_interpreters_head"])
 check("runtime_interpreters_head", interp, api.PyInterpreterState_Get())
+api.PyInterpreterState_Main.restype = ctypes.c_void_p
+check("runtime_interpreters_main", ptr(runtime + L["runtime_interpreters_main"]),
+      api.PyInterpreterState_Main())
 # with a subinterpreter the head is the newest interpreter, no longer the main one
 try:
     import _interpreters as subinterpreters  # 3.13
@@ -208,6 +211,8 @@ sub = subinterpreters.create()
 check("runtime_interpreters_head (subinterpreter)",
       [ptr(runtime + L["runtime_interpreters_head"]), True],
       [api.PyInterpreterState_Head(), api.PyInterpreterState_Head() != interp])
+check("runtime_interpreters_main (subinterpreter)",
+      ptr(runtime + L["runtime_interpreters_main"]), interp)
 subinterpreters.destroy(sub)
 
 started, stop = threading.Event(), threading.Event()

@@ -289,12 +289,15 @@ class UnwindMaps:
 
     def forget_process(self, pid: int) -> None:
         self.procs.delete(ct.c_uint32(pid))
-        if self.python is not None:
-            self.python.delete(ct.c_uint32(pid))
+        self.forget_python(pid)
 
     def set_python(self, pid: int, value: abi.PyProc) -> None:
         if self.python is not None:
             self.python.update(ct.c_uint32(pid), value)
+
+    def forget_python(self, pid: int) -> None:
+        if self.python is not None:
+            self.python.delete(ct.c_uint32(pid))
 
     def close(self) -> None:
         pass

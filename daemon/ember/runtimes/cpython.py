@@ -21,6 +21,7 @@ user fs base, whose offset in ``task_struct`` comes from the kernel's BTF.
 
 from __future__ import annotations
 
+import bisect
 import logging
 import os
 import re
@@ -30,19 +31,22 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from .. import abi
 from ..cache import BoundedCache
 from ..errors import EmberError
 from ..kernel.btf import task_fsbase_offset
 from ..symbols.procmaps import MapEntry, Process, ProcFS
+from ..unwind.cfi import fde_ranges
+from ..unwind.sections import read_sections
 from .pylayouts import Layout, layout_for
 
 log = logging.getLogger(__name__)
 
 WALKED = ((3, 10), (3, 11), (3, 12), (3, 13))  # versions whose frames BPF walks
-_WANTED = ("_PyRuntime", "Py_Version", "_PyEval_EvalFrameDefault",
-           "_PyEval_EvalFrameDefault.cold", "PyCode_Type")
+COLD = "_PyEval_EvalFrameDefault.cold"
+_WANTED = ("_PyRuntime", "Py_Version", "_PyEval_EvalFrameDefault", COLD, "PyCode_Type")
 _LIBPYTHON = re.compile(r"libpython3\.\d+")
 _NAMED_VERSION = re.compile(r"python(3)\.(\d+)")
 _DEBUG_COOKIE = b"xdebugpy"
@@ -82,7 +86,8 @@ class Interpreter:
         """The ember_py_procs value."""
         lay = self.layout
         v = abi.PyProc()
-        v.interp_head = self.runtime + lay.runtime_interpreters_head
+        # the main interpreter (head is the newest: a subinterpreter, once one exists)
+        v.interp_head = self.runtime + lay.runtime_interpreters_main
         for i, (lo, hi) in enumerate(self.eval_ranges[:2]):
             v.eval_start[i], v.eval_end[i] = lo, hi
         v.interp_threads = lay.interp_threads_head
@@ -105,6 +110,8 @@ class Interpreter:
             v.entry, v.frame_entry = abi.PY_ENTRY_IS_ENTRY, lay.frame_is_entry
         else:
             v.entry, v.frame_entry = abi.PY_ENTRY_ONE, 0
+        v.frame_bytes = min(abi.PY_FRAME_BYTES, max(
+            v.frame_previous + 8, v.frame_code + 8, v.frame_instr + 8, v.frame_entry + 1))
         v.code_adaptive = max(lay.code_adaptive, 0)
         v.code_firstlineno = lay.code_firstlineno
         return v
@@ -118,6 +125,8 @@ class Memory:
         self.path = root / str(pid) / "mem"
 
     def read(self, addr: int, size: int) -> bytes:
+        if not 0 < addr < 1 << 63 or not 0 <= size < 1 << 30:
+            raise PythonError("read_failed", f"pid {self.pid}: no memory at {addr:#x}")
         try:
             fd = os.open(self.path, os.O_RDONLY)
         except OSError as e:
@@ -149,9 +158,9 @@ class _Exports:
 
 
 def _read_exports(path: Path) -> _Exports | None:
-    """The wanted symbols of an ELF file (.dynsym, and .symtab for the .cold
-    part when the file has one); None when it does not export _PyRuntime."""
-    from elftools.common.exceptions import ELFError
+    """The wanted symbols of an ELF file; None when its .dynsym does not
+    export _PyRuntime (most executables of a host: .symtab, which can be
+    large, is only read for an interpreter's .cold part)."""
     from elftools.elf.elffile import ELFFile
 
     try:
@@ -165,15 +174,59 @@ def _read_exports(path: Path) -> _Exports | None:
                 for sym in sec.iter_symbols():
                     if sym.name in _WANTED and sym.name not in found and sym["st_value"]:
                         found[sym.name] = (int(sym["st_value"]), int(sym["st_size"]))
-            if "_PyRuntime" not in found:
-                return None
-            offsets = {int(seg["p_offset"]) - int(seg["p_offset"]) % 4096:
-                       int(seg["p_vaddr"]) - int(seg["p_offset"]) % 4096
-                       for seg in elf.iter_segments() if seg["p_type"] == "PT_LOAD"}
+                if "_PyRuntime" not in found:
+                    return None
+            offsets: dict[int, int] = {}
+            for seg in elf.iter_segments():
+                if seg["p_type"] == "PT_LOAD":  # the first segment of a page wins
+                    page = int(seg["p_offset"]) % 4096
+                    offsets.setdefault(int(seg["p_offset"]) - page, int(seg["p_vaddr"]) - page)
+            hot = found.get("_PyEval_EvalFrameDefault")
+            if hot is not None and COLD not in found:
+                cold = cold_part(str(path), elf, hot)
+                if cold is not None:
+                    found[COLD] = cold
             return _Exports(found, offsets)
-    except (OSError, ELFError, ValueError) as e:
+    except Exception as e:  # a malformed file is no interpreter, whatever pyelftools raised
         log.debug("python: cannot read %s: %s", path, e)
         return None
+
+
+def cold_part(path: str, elf: Any, hot: tuple[int, int]) -> tuple[int, int] | None:
+    """(start, size) of the interpreter loop's .cold part in a stripped
+    object (Debian's python3.11: 13 KiB of it, with calls to deallocators,
+    so return addresses land there). GCC splits a function's cold paths
+    into a part with an FDE of its own that the hot part jumps into: the
+    FDE most jumps (jcc or jmp rel32) out of the hot part land in, when at
+    least 8 do."""
+    start, size = hot
+    code = b""
+    for seg in elf.iter_segments():
+        vaddr, filesz = int(seg["p_vaddr"]), int(seg["p_filesz"])
+        if seg["p_type"] == "PT_LOAD" and vaddr <= start and start + size <= vaddr + filesz:
+            elf.stream.seek(int(seg["p_offset"]) + start - vaddr)
+            code = elf.stream.read(size)
+            break
+    found = read_sections(path).eh_frame
+    if len(code) != size or found is None:
+        return None
+    ranges = fde_ranges(found, path)
+    starts = [r[0] for r in ranges]
+    hits: Counter[int] = Counter()
+    for i in range(size - 5):
+        if code[i] == 0x0F and 0x80 <= code[i + 1] <= 0x8F and i + 6 <= size:
+            target = start + i + 6 + struct.unpack_from("<i", code, i + 2)[0]
+        elif code[i] == 0xE9:
+            target = start + i + 5 + struct.unpack_from("<i", code, i + 1)[0]
+        else:
+            continue
+        k = bisect.bisect_right(starts, target) - 1
+        if not start <= target < start + size and k >= 0 and target < ranges[k][1]:
+            hits[k] += 1
+    if not hits:
+        return None
+    k, n = hits.most_common(1)[0]
+    return (ranges[k][0], ranges[k][1] - ranges[k][0]) if n >= 8 else None
 
 
 class Interpreters:
@@ -192,7 +245,7 @@ class Interpreters:
         self._exports: BoundedCache[tuple[str, int], _Exports | None] = BoundedCache(
             "python_objects", max_objects)
         # (pid, start time, candidate objects) -> what find() said
-        self._verdicts: BoundedCache[tuple[int, int, tuple[tuple[str, int], ...]],
+        self._verdicts: BoundedCache[tuple[int, int, tuple[tuple[str, int, int], ...]],
                                      Interpreter | None] = BoundedCache(
             "python_processes", 1 << 14, entry_bytes=300)
         self._lock = threading.Lock()
@@ -209,6 +262,11 @@ class Interpreters:
     def versions(self) -> Counter[str]:
         with self._lock:
             return Counter(f"{i.version[0]}.{i.version[1]}" for i in self._by_pid.values())
+
+    def refused(self) -> dict[str, int]:
+        """A copy (the loader thread adds to it while /metrics reads)."""
+        with self._lock:
+            return dict(self.failures)
 
     def forget(self, pids: Iterable[int]) -> None:
         """Processes that exited: named still until drop_retired()."""
@@ -234,13 +292,14 @@ class Interpreters:
         set of candidate objects: its maps change often (every extension
         module loaded), its interpreter does not, unless it execs."""
         key = (proc.pid, proc.start_time,
-               tuple((m[0].path, m[0].inode) for m in self._candidates(proc)))
+               tuple((m[0].path, m[0].inode, m[0].start) for m in self._candidates(proc)))
         if key in self._verdicts:
             return self._verdicts.get(key)
         try:
             interp = self._find(proc)
         except PythonError as e:
-            self.failures[e.reason] += 1
+            with self._lock:
+                self.failures[e.reason] += 1
             if e.reason not in self._logged:
                 self._logged.add(e.reason)
                 log.warning("python frames off for pid %d: %s", proc.pid, e)
@@ -254,6 +313,18 @@ class Interpreters:
                     self.found[f"{interp.version[0]}.{interp.version[1]}"] += 1
                 self._by_pid[proc.pid] = interp
         return interp
+
+    def bpf_value(self, proc: Process) -> abi.PyProc | None:
+        """The ember_py_procs value of proc, None when it is no interpreter
+        (any more: after an exec, its old one is retired)."""
+        interp = self.find(proc)
+        if interp is None:
+            with self._lock:
+                old = self._by_pid.pop(proc.pid, None)
+                if old is not None:
+                    self._retired[proc.pid] = old
+            return None
+        return interp.bpf()
 
     def _candidates(self, proc: Process) -> list[list[MapEntry]]:
         """The mappings of each object that may hold the interpreter: the
@@ -323,7 +394,7 @@ class Interpreters:
             raise PythonError("unsupported_version",
                               f"{path}: CPython {version[0]}.{version[1]}.{version[2]}")
         ranges = []
-        for name in ("_PyEval_EvalFrameDefault", "_PyEval_EvalFrameDefault.cold"):
+        for name in ("_PyEval_EvalFrameDefault", COLD):
             if name in sym:
                 value, size = sym[name]
                 ranges.append((bias + value, bias + value + max(size, 1)))

@@ -42,19 +42,26 @@ class CodeInfo:
     firstlineno: int
     ranges: tuple[LineRange, ...]
 
+    def weight(self) -> int:
+        """Bytes, roughly: the strings and each line range's tuple."""
+        return 200 + len(self.qualname) + len(self.filename) + 120 * len(self.ranges)
+
 
 class PythonNames:
     """Frames for the Python slots of walked stacks."""
 
-    def __init__(self, interpreters: Interpreters, max_entries: int = 65536):
+    def __init__(self, interpreters: Interpreters, max_entries: int = 65536,
+                 max_bytes: int = 32 << 20):
         self.interpreters = interpreters
         self.codes: BoundedCache[tuple[int, int, int], CodeInfo] = BoundedCache(
-            "python_code", max_entries, entry_bytes=400, lru=True)
+            "python_code", max_entries, max_bytes=max_bytes, weigh=CodeInfo.weight, lru=True)
         self.frames = 0
         self.failures: Counter[str] = Counter()
 
-    def frame(self, pid: int, code_slot: int, instr_slot: int) -> Frame:
-        """The frame of one Python slot pair."""
+    def frame(self, pid: int, code_slot: int, instr_slot: int) -> Frame | None:
+        """The frame of one Python slot pair; None for the interpreter's own
+        shim frames (3.13's __init__ cleanup after a specialized class call:
+        a code object the interpreter made, filed as "__init__")."""
         self.frames += 1
         code = code_slot & ~abi.PY_TAG
         first = (instr_slot >> 32) & 0x3FFFFFFF
@@ -66,10 +73,12 @@ class PythonNames:
         info = self.codes.get(key)
         if info is None:
             try:
-                info = read_code(Memory(pid), interp, code, first)
+                info = read_code(Memory(pid, self.interpreters.procfs.root), interp, code, first)
             except PythonError as e:
                 return self._failed(e.reason, code)
             self.codes.put(key, info)
+        if info.filename == "__init__" and info.qualname == "__init__":
+            return None
         line = find_line(info.ranges, index * interp.layout.code_unit)
         where = os.path.basename(info.filename)
         name = f"{info.qualname} ({where}:{line})" if line else f"{info.qualname} ({where})"
@@ -85,8 +94,12 @@ class PythonNames:
         """Python processes now, by version."""
         return self.interpreters.versions()
 
-    def refused(self) -> Counter[str]:
-        return self.interpreters.failures
+    def refused(self) -> dict[str, int]:
+        return self.interpreters.refused()
+
+    def failed(self) -> dict[str, int]:
+        """A copy of failures (the drain thread adds to it while /metrics reads)."""
+        return dict(self.failures)
 
     def forget(self, pids: set[int]) -> None:
         for key, _ in self.codes.items():

@@ -82,6 +82,7 @@ int main(void)
     ascii_bit = lowest_bit(&probe);
 
     field("runtime_interpreters_head", (long)offsetof(_PyRuntimeState, interpreters.head));
+    field("runtime_interpreters_main", (long)offsetof(_PyRuntimeState, interpreters.main));
 #if PY_VERSION_HEX < 0x030B0000
     field("interp_threads_head", (long)offsetof(PyInterpreterState, tstate_head));
 #else

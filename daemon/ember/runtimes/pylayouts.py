@@ -39,7 +39,8 @@ class Layout:
     """Offsets (bytes) into CPython's structs for one minor version; -1 = absent."""
 
     # _PyRuntime -> interpreters -> threads
-    runtime_interpreters_head: int  # _PyRuntimeState.interpreters.head
+    runtime_interpreters_head: int  # _PyRuntimeState.interpreters.head (the newest)
+    runtime_interpreters_main: int  # _PyRuntimeState.interpreters.main
     interp_threads_head: int  # PyInterpreterState.tstate_head (3.10) / threads.head
     tstate_next: int  # PyThreadState.next
     tstate_thread_id: int  # PyThreadState.thread_id (pthread_self())
@@ -92,38 +93,41 @@ FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Layout))
 # Debian's /usr/include/python3.11 (3.11.2) gives the same numbers as 3.11.7.
 LAYOUTS: dict[tuple[int, int], Layout] = {
     (3, 10): Layout(
-        runtime_interpreters_head=32, interp_threads_head=8, tstate_next=8, tstate_thread_id=176,
-        tstate_native_thread_id=-1, tstate_frame=24, cframe_current_frame=-1, frame_previous=24,
-        frame_code=32, frame_instr=96, frame_is_entry=-1, frame_owner=-1, owned_by_cstack=-1,
-        code_filename=104, code_name=112, code_qualname=-1, code_firstlineno=40,
-        code_linetable=120, code_adaptive=-1, code_code=48, object_type=8, var_size=16,
-        type_members=240, type_name=24, member_size=40, member_name=0, member_offset=16,
-        bytes_data=32, unicode_length=16, unicode_state=32, ascii_data=48, compact_data=72,
-        unicode_kind_shift=2, unicode_compact_bit=5, unicode_ascii_bit=6, code_unit=2,
+        runtime_interpreters_head=32, runtime_interpreters_main=40, interp_threads_head=8,
+        tstate_next=8, tstate_thread_id=176, tstate_native_thread_id=-1, tstate_frame=24,
+        cframe_current_frame=-1, frame_previous=24, frame_code=32, frame_instr=96,
+        frame_is_entry=-1, frame_owner=-1, owned_by_cstack=-1, code_filename=104, code_name=112,
+        code_qualname=-1, code_firstlineno=40, code_linetable=120, code_adaptive=-1, code_code=48,
+        object_type=8, var_size=16, type_members=240, type_name=24, member_size=40, member_name=0,
+        member_offset=16, bytes_data=32, unicode_length=16, unicode_state=32, ascii_data=48,
+        compact_data=72, unicode_kind_shift=2, unicode_compact_bit=5, unicode_ascii_bit=6,
+        code_unit=2,
     ),
     (3, 11): Layout(
-        runtime_interpreters_head=40, interp_threads_head=16, tstate_next=8, tstate_thread_id=152,
-        tstate_native_thread_id=160, tstate_frame=56, cframe_current_frame=8, frame_previous=48,
-        frame_code=32, frame_instr=56, frame_is_entry=68, frame_owner=69, owned_by_cstack=-1,
-        code_filename=112, code_name=120, code_qualname=128, code_firstlineno=72,
-        code_linetable=136, code_adaptive=184, code_code=-1, object_type=8, var_size=16,
-        type_members=240, type_name=24, member_size=40, member_name=0, member_offset=16,
-        bytes_data=32, unicode_length=16, unicode_state=32, ascii_data=48, compact_data=72,
-        unicode_kind_shift=2, unicode_compact_bit=5, unicode_ascii_bit=6, code_unit=2,
+        runtime_interpreters_head=40, runtime_interpreters_main=48, interp_threads_head=16,
+        tstate_next=8, tstate_thread_id=152, tstate_native_thread_id=160, tstate_frame=56,
+        cframe_current_frame=8, frame_previous=48, frame_code=32, frame_instr=56,
+        frame_is_entry=68, frame_owner=69, owned_by_cstack=-1, code_filename=112, code_name=120,
+        code_qualname=128, code_firstlineno=72, code_linetable=136, code_adaptive=184,
+        code_code=-1, object_type=8, var_size=16, type_members=240, type_name=24, member_size=40,
+        member_name=0, member_offset=16, bytes_data=32, unicode_length=16, unicode_state=32,
+        ascii_data=48, compact_data=72, unicode_kind_shift=2, unicode_compact_bit=5,
+        unicode_ascii_bit=6, code_unit=2,
     ),
     (3, 12): Layout(
-        runtime_interpreters_head=40, interp_threads_head=72, tstate_next=8, tstate_thread_id=136,
-        tstate_native_thread_id=144, tstate_frame=56, cframe_current_frame=0, frame_previous=8,
-        frame_code=0, frame_instr=56, frame_is_entry=-1, frame_owner=70, owned_by_cstack=3,
-        code_filename=112, code_name=120, code_qualname=128, code_firstlineno=68,
-        code_linetable=136, code_adaptive=192, code_code=-1, object_type=8, var_size=16,
-        type_members=240, type_name=24, member_size=40, member_name=0, member_offset=16,
-        bytes_data=32, unicode_length=16, unicode_state=32, ascii_data=40, compact_data=56,
-        unicode_kind_shift=2, unicode_compact_bit=5, unicode_ascii_bit=6, code_unit=2,
+        runtime_interpreters_head=40, runtime_interpreters_main=48, interp_threads_head=72,
+        tstate_next=8, tstate_thread_id=136, tstate_native_thread_id=144, tstate_frame=56,
+        cframe_current_frame=0, frame_previous=8, frame_code=0, frame_instr=56, frame_is_entry=-1,
+        frame_owner=70, owned_by_cstack=3, code_filename=112, code_name=120, code_qualname=128,
+        code_firstlineno=68, code_linetable=136, code_adaptive=192, code_code=-1, object_type=8,
+        var_size=16, type_members=240, type_name=24, member_size=40, member_name=0,
+        member_offset=16, bytes_data=32, unicode_length=16, unicode_state=32, ascii_data=40,
+        compact_data=56, unicode_kind_shift=2, unicode_compact_bit=5, unicode_ascii_bit=6,
+        code_unit=2,
     ),
     (3, 13): Layout(
-        runtime_interpreters_head=632, interp_threads_head=7344, tstate_next=8,
-        tstate_thread_id=152, tstate_native_thread_id=160, tstate_frame=72,
+        runtime_interpreters_head=632, runtime_interpreters_main=640, interp_threads_head=7344,
+        tstate_next=8, tstate_thread_id=152, tstate_native_thread_id=160, tstate_frame=72,
         cframe_current_frame=-1, frame_previous=8, frame_code=0, frame_instr=56, frame_is_entry=-1,
         frame_owner=70, owned_by_cstack=3, code_filename=112, code_name=120, code_qualname=128,
         code_firstlineno=68, code_linetable=136, code_adaptive=200, code_code=-1, object_type=8,

@@ -157,6 +157,17 @@ def decode(sections: CfiSection | Sequence[CfiSection], where: str) -> DecodedRo
     return _rows(where, sections, cies, fdes, by_pc, skipped)
 
 
+def fde_ranges(sec: CfiSection, where: str) -> list[tuple[int, int]]:
+    """(start, end) of each FDE of the section, sorted: where the object's
+    functions (and their split-off parts, such as GCC's .cold) are, by
+    their CFI, in a stripped object too."""
+    fdes = array("Q")
+    _fdes(sec, where, 0, fdes, {})
+    table = np.frombuffer(fdes, dtype=np.uint64).reshape(-1, _FIELDS)
+    return sorted((int(s), int(s) + int(n)) for s, n in zip(table[:, 0], table[:, 1],
+                                                              strict=True) if n)
+
+
 def _fdes(sec: CfiSection, where: str, order: int, fdes: array[int],
           cies: dict[int, Cie | None]) -> int:
     """Append the section's FDEs to fdes (_FIELDS each), the CIEs they use to

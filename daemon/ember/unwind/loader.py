@@ -34,7 +34,6 @@ from typing import Protocol
 from .. import abi
 from ..cache import BoundedCache
 from ..errors import EmberError
-from ..runtimes.cpython import Interpreters
 from ..symbols.elf import ElfSymbols
 from ..symbols.procmaps import MapEntry, Process, ProcFS
 from .tables import DiskUnwindCache, UnwindTable, build_table
@@ -56,6 +55,15 @@ class UnwindTarget(Protocol):
     def set_process(self, pid: int, proc: abi.UnwindProc) -> None: ...
     def forget_process(self, pid: int) -> None: ...
     def set_python(self, pid: int, value: abi.PyProc) -> None: ...
+    def forget_python(self, pid: int) -> None: ...
+
+
+class RuntimeFinder(Protocol):
+    """Language runtimes whose frames BPF walks too (runtimes/cpython.py):
+    asked at each load of a process's tables."""
+
+    def bpf_value(self, proc: Process) -> abi.PyProc | None: ...
+    def forget(self, pids: Iterable[int]) -> None: ...
 
 
 @dataclass
@@ -134,7 +142,7 @@ class TableLoader:
     """Loads the tables of processes into every program's unwind maps."""
 
     def __init__(self, targets: Sequence[UnwindTarget], cache_dir: Path | None = None,
-                 procfs: ProcFS | None = None, interpreters: Interpreters | None = None):
+                 procfs: ProcFS | None = None, runtimes: RuntimeFinder | None = None):
         if not targets:
             raise ValueError("no unwind maps to load into")
         self.targets = list(targets)
@@ -144,7 +152,7 @@ class TableLoader:
         self.max_processes = min(t.process_capacity for t in self.targets)
         self.stats = LoaderStats()
         # CPython processes: their frames walked too (runtimes/)
-        self.interpreters = interpreters
+        self.runtimes = runtimes
         self._known: BoundedCache[tuple[str, int], _Known] = BoundedCache(
             "unwind_objects", 1 << 14)
         self._loaded: dict[tuple[str, int], _Object] = {}
@@ -270,12 +278,13 @@ class TableLoader:
             self.stats.processes = len(self._processes)
         for t in self.targets:
             t.set_process(proc.pid, value)
-        if self.interpreters is not None:
-            interp = self.interpreters.find(proc)
-            if interp is not None:
-                py = interp.bpf()
-                for t in self.targets:
+        if self.runtimes is not None:
+            py = self.runtimes.bpf_value(proc)
+            for t in self.targets:
+                if py is not None:
                     t.set_python(proc.pid, py)
+                else:  # not (or no longer, after an exec) an interpreter
+                    t.forget_python(proc.pid)
 
     def _know(self, pid: int, entry: MapEntry, key: tuple[str, int]) -> _Known:
         """Open the object once: where, and its load segments."""
@@ -385,8 +394,8 @@ class TableLoader:
                 self.stats.processes = len(self._processes)
             for t in self.targets:
                 t.forget_process(pid)
-            if self.interpreters is not None:
-                self.interpreters.forget([pid])
+            if self.runtimes is not None:
+                self.runtimes.forget([pid])
 
     def sweep(self) -> None:
         """Forget processes that exited (or whose PID was reused)."""
