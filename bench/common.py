@@ -157,6 +157,27 @@ class BpfStats:
         STATS.write_text(self.before)
 
 
+def ns_per_sample(work: subprocess.Popen[bytes], seconds: float, *record_args: str) -> float:
+    """BPF ns per on-CPU sample of the running workload: `ember record`
+    at 999 Hz on it, pinned to CPU 1, the kernel's own run time over
+    `seconds`; the workload is killed after."""
+    try:
+        time.sleep(0.5)
+        rec = start_ember("--pid", str(work.pid), "--frequency", "999", "--no-kernel-stacks",
+                          *record_args, "-o", "/dev/null", cpu=1)
+        try:
+            with BpfStats():
+                t0, n0 = prog_stats(rec.pid)
+                time.sleep(seconds)
+                t1, n1 = prog_stats(rec.pid)
+        finally:
+            stop(rec)
+    finally:
+        work.kill()
+        work.wait()
+    return (t1 - t0) / max(1, n1 - n0)
+
+
 def render(title: str, head: list[str], rows: list[list[str]]) -> str:
     """A markdown table under a heading."""
     out = [f"### {title}", "", "| " + " | ".join(head) + " |",

@@ -11,10 +11,11 @@ cost    the kernel's own run time per on-CPU sample (kernel.bpf_stats_enabled)
         walked from tables with Python frames (the default) and without
         (--no-python-frames: the same native walk). `ember record` at 999 Hz
         pinned to CPU 1, the workload on CPU 0.
-agent   `ember record` on the whole host (what the agent's drain does every
+agent   `ember record` on the whole host for 20 s (what the agent does every
         interval) while 20 busy Python processes run (Debian's 3.11 and
-        pyenv's 3.12 and 3.13 when present): ember's CPU seconds per
-        second, with and without Python frames, and its peak RSS.
+        pyenv's 3.12 and 3.13 when present): ember's whole CPU time per
+        second recorded (start-up and table loading included), with and
+        without Python frames, and its peak RSS.
 """
 
 from __future__ import annotations
@@ -27,16 +28,12 @@ import time
 from pathlib import Path
 
 from common import (
+    EMBER,
     ROOT,
-    BpfStats,
-    cpu_seconds,
     need_root,
-    prog_stats,
+    ns_per_sample,
     render,
     spread,
-    start_ember,
-    status_kb,
-    stop,
 )
 
 DEEP = """
@@ -71,22 +68,8 @@ while time.time() < end:
 def sample_cost(script: Path, depth: int, python_frames: bool, seconds: float) -> float:
     work = subprocess.Popen(["taskset", "-c", "0", "/usr/bin/python3.11", str(script),
                              str(depth), str(seconds + 60)])
-    try:
-        time.sleep(0.5)
-        flag = "--python-frames" if python_frames else "--no-python-frames"
-        rec = start_ember("--pid", str(work.pid), "--frequency", "999", "--no-kernel-stacks",
-                          flag, "-o", "/dev/null", cpu=1)
-        try:
-            with BpfStats():
-                t0, n0 = prog_stats(rec.pid)
-                time.sleep(seconds)
-                t1, n1 = prog_stats(rec.pid)
-        finally:
-            stop(rec)
-    finally:
-        work.kill()
-        work.wait()
-    return (t1 - t0) / max(1, n1 - n0)
+    return ns_per_sample(work, seconds,
+                         "--python-frames" if python_frames else "--no-python-frames")
 
 
 def cost(rounds: int, seconds: float) -> list[list[str]]:
@@ -117,6 +100,8 @@ def pythons() -> list[str]:
 
 
 def agent(rounds: int, seconds: float) -> list[list[str]]:
+    """ember's whole CPU time (user + system, start-up, table loading and
+    every drain) over `seconds` of host-wide recording, per second."""
     exes = pythons()
     with tempfile.TemporaryDirectory() as tmp:
         script = Path(tmp) / "busy.py"
@@ -130,19 +115,13 @@ def agent(rounds: int, seconds: float) -> list[list[str]]:
             for r in range(rounds):
                 for on in ((False, True) if r % 2 == 0 else (True, False)):
                     flag = "--python-frames" if on else "--no-python-frames"
-                    rec = start_ember("--no-kernel-stacks", flag, "-o", "/dev/null")
-                    try:
-                        time.sleep(3)  # tables and interpreters found
-                        c0, t0 = cpu_seconds(rec.pid), time.monotonic()
-                        peak = 0.0
-                        while time.monotonic() < t0 + seconds:
-                            time.sleep(0.5)
-                            peak = max(peak, status_kb(rec.pid, "VmRSS") / 1024)
-                        c1, t1 = cpu_seconds(rec.pid), time.monotonic()
-                    finally:
-                        stop(rec)
-                    cpu[on].append((c1 - c0) / (t1 - t0))
-                    rss[on].append(peak)
+                    out = subprocess.run(
+                        ["/usr/bin/time", "-f", "TIME %U %S %M", *EMBER, "record",
+                         "--duration", str(seconds), "--no-kernel-stacks", flag, "-o",
+                         "/dev/null"], capture_output=True, text=True, check=True).stderr
+                    user, sys_, max_kb = out.split("TIME ")[1].split()[:3]
+                    cpu[on].append((float(user) + float(sys_)) / seconds)
+                    rss[on].append(int(max_kb) / 1024)
                 print(f"  round {r + 1}: off {cpu[False][-1]:.3f} on {cpu[True][-1]:.3f}",
                       flush=True)
         finally:
@@ -169,7 +148,7 @@ def main() -> None:
             lambda: cost(args.rounds, 4)),
         "agent": ("ember on the whole host, 20 busy Python processes", [
             "configuration", "CPU s/s", "peak RSS MiB", "CPU vs without"],
-            lambda: agent(args.rounds, 10)),
+            lambda: agent(args.rounds, 20)),
     }
     for name in args.only.split(","):
         title, head, fn = sections[name]

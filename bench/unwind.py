@@ -39,10 +39,9 @@ from pathlib import Path
 from common import (
     EMBER,
     ROOT,
-    BpfStats,
     need_root,
+    ns_per_sample,
     pipe_us,
-    prog_stats,
     render,
     spread,
     start_ember,
@@ -96,21 +95,7 @@ def sample_cost(binary: Path, frames: int, unwinder: str, seconds: float) -> flo
     # main + libc's 3 start-up frames + spin: the recursion makes the rest
     work = subprocess.Popen(["taskset", "-c", "0", str(binary), str(max(0, frames - 5)),
                              str(int(seconds) + 30)])
-    try:
-        time.sleep(0.3)
-        rec = start_ember("--pid", str(work.pid), "--frequency", "999", "--no-kernel-stacks",
-                          "--unwinder", unwinder, "-o", "/dev/null", cpu=1)
-        try:
-            with BpfStats():
-                t0, n0 = prog_stats(rec.pid)
-                time.sleep(seconds)
-                t1, n1 = prog_stats(rec.pid)
-        finally:
-            stop(rec)
-    finally:
-        work.kill()
-        work.wait()
-    return (t1 - t0) / max(1, n1 - n0)
+    return ns_per_sample(work, seconds, "--unwinder", unwinder)
 
 
 def cost(rounds: int, seconds: float) -> list[list[str]]:

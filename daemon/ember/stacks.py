@@ -80,6 +80,18 @@ class SampleBuilder:
         them; the native runs between them are symbolized as usual."""
         if self.python is None or not any(is_python(ip) for ip in ips):
             return self.symbolizer.user_frames(pid, ips)
+        proc = self.symbolizer.processes.get(pid)
+        memo = self.python.stacks
+        hit = memo.get((pid, ips))
+        if hit is not None and hit[0] is proc:  # built from these maps
+            return list(hit[1])
+        out = self._mixed_frames(pid, ips)
+        if all(f.mapping is not None and not f.name.startswith("[") for f in out):
+            memo.put((pid, ips), (proc, tuple(out)))  # not with a frame to try again
+        return out
+
+    def _mixed_frames(self, pid: int, ips: tuple[int, ...]) -> list[Frame]:
+        assert self.python is not None
         interp = self.python.interpreters.get(pid)
         out: list[Frame] = []
         run: list[int] = []

@@ -55,6 +55,14 @@ class PythonNames:
         self.interpreters = interpreters
         self.codes: BoundedCache[tuple[int, int, int], CodeInfo] = BoundedCache(
             "python_code", max_entries, max_bytes=max_bytes, weigh=CodeInfo.weight, lru=True)
+        # (pid, code slot, instruction slot) -> the frame built (a 1-tuple:
+        # None is a frame dropped): a hot line costs one look-up
+        self.memo: BoundedCache[tuple[int, int, int], tuple[Frame | None]] = BoundedCache(
+            "python_frames", max_entries, entry_bytes=300, lru=True)
+        # whole stacks with Python frames, as stacks.py built them (pid, slots)
+        # -> (the process's maps then, frames): a stack seen before costs a look-up
+        self.stacks: BoundedCache[tuple[int, tuple[int, ...]], tuple[object, tuple[Frame, ...]]]
+        self.stacks = BoundedCache("python_stacks", 1 << 14, entry_bytes=2000, lru=True)
         self.frames = 0
         self.failures: Counter[str] = Counter()
 
@@ -63,6 +71,15 @@ class PythonNames:
         shim frames (3.13's __init__ cleanup after a specialized class call:
         a code object the interpreter made, filed as "__init__")."""
         self.frames += 1
+        hit = self.memo.get((pid, code_slot, instr_slot))
+        if hit is not None:
+            return hit[0]
+        built = self._build(pid, code_slot, instr_slot)
+        if built is None or built.line or not built.name.startswith("["):
+            self.memo.put((pid, code_slot, instr_slot), (built,))  # failures: tried again
+        return built
+
+    def _build(self, pid: int, code_slot: int, instr_slot: int) -> Frame | None:
         code = code_slot & ~abi.PY_TAG
         first = (instr_slot >> 32) & 0x3FFFFFFF
         index = instr_slot & 0xFFFFFFFF
@@ -105,6 +122,12 @@ class PythonNames:
         for key, _ in self.codes.items():
             if key[0] in pids:
                 self.codes.pop(key)
+        for fkey, _ in self.memo.items():
+            if fkey[0] in pids:
+                self.memo.pop(fkey)
+        for skey, _ in self.stacks.items():
+            if skey[0] in pids:
+                self.stacks.pop(skey)
 
 
 def read_code(mem: Memory, interp: Interpreter, code: int, first: int) -> CodeInfo:
