@@ -64,6 +64,8 @@
 #define EMBER_RUNQ_HIST_ENTRIES 16384
 #endif
 #define EMBER_RUNQ_HIST_SLOTS 32  /* log2 buckets of microseconds */
+/* ember_bounds (off-CPU exact): drain boundaries kept, indexed by epoch. */
+#define EMBER_BOUNDS 4
 
 /* ember_config.stack_flags */
 #define EMBER_STACK_USER 0x1
@@ -184,6 +186,17 @@ struct ember_start {
     __u32 state;
     __u32 unwinder;
     char comm[EMBER_COMM_LEN];
+};
+
+/* Value of ember_crossed (off-CPU exact): a block that began before the
+ * drain boundary in effect when it ended. The daemon charged, or charges now,
+ * the part before that boundary; the program counted only the rest. */
+struct ember_crossed {
+    struct ember_start start;
+    __u64 wake_ts;          /* when it was woken, if before it ended; 0: not */
+    __u64 end_ts;           /* switch-in */
+    __u32 epoch;            /* it crossed ember_bounds[epoch % EMBER_BOUNDS] */
+    __u32 reserved;
 };
 
 /* Value of ember_wakes (off-CPU): who woke a blocked thread, and when. */

@@ -14,6 +14,16 @@
  *
  * A preempted thread (still runnable) was waiting for a CPU all along.
  * Only tracepoint fields and helpers are read: no kernel struct offsets.
+ *
+ * Time is charged to the interval it passes in. Each drain writes its time
+ * into ember_bounds[epoch % EMBER_BOUNDS] before flipping to that epoch, and
+ * charges every block still in ember_starts up to it (a thread blocked for a
+ * minute shows in each of the minute's intervals, not all at once when it
+ * wakes). So blocked and run-queue time counted here starts at the boundary
+ * in effect; a block that began before it goes into ember_crossed, for the
+ * drain to charge what came before if it did not see the block in flight.
+ * Wakeup and off-wake time is charged whole when the block ends: the waker
+ * is not known before.
  */
 /* the table unwinder's state carries a start or a wake (unwind_dwarf.h) */
 #define EMBER_UNWIND_BLOCKS 1
@@ -22,6 +32,8 @@
 BPF_HASH(ember_starts, u32, struct ember_start, EMBER_THREAD_ENTRIES);
 BPF_HASH(ember_wakes, u32, struct ember_wake, EMBER_THREAD_ENTRIES);
 BPF_HASH(ember_runq_hist, struct ember_hist_key, u64, EMBER_RUNQ_HIST_ENTRIES);
+BPF_ARRAY(ember_bounds, u64, EMBER_BOUNDS);
+BPF_HASH(ember_crossed, u32, struct ember_crossed, EMBER_THREAD_ENTRIES);
 
 #if EMBER_UNWIND
 BPF_PROG_ARRAY(ember_unwind_progs_sched, 1);
@@ -146,9 +158,18 @@ int ember_sched_waking(struct tracepoint__sched__sched_waking *args)
 }
 
 
-/* next switches in: its time off-CPU ends now. */
+/* The drain boundary in effect in this epoch (0: none yet). */
+static __always_inline u64 ember_bound(u32 epoch)
+{
+    u32 slot = epoch % EMBER_BOUNDS;
+    u64 *b = ember_bounds.lookup(&slot);
+    return b ? *b : 0;
+}
+
+/* next switches in: its time off-CPU ends now. Blocked and run-queue time is
+ * counted from `bound` on (see the top). */
 static __always_inline void ember_switch_in(struct ember_config *cfg, u32 next, u64 now,
-                                            u32 epoch)
+                                            u32 epoch, u64 bound)
 {
     if (next == 0)
         return;
@@ -165,6 +186,17 @@ static __always_inline void ember_switch_in(struct ember_config *cfg, u32 next, 
         ember_wakes.delete(&next);
         woken = wake.ts >= start.ts && wake.ts <= now;
     }
+    u64 from = start.ts;
+    if (start.ts < bound) {
+        struct ember_crossed crossed = {};
+        crossed.start = start;
+        crossed.wake_ts = woken ? wake.ts : 0;
+        crossed.end_ts = now;
+        crossed.epoch = epoch;
+        if (ember_crossed.update(&next, &crossed))
+            ember_stat_add(EMBER_STAT_THREADS_FULL, 1);
+        from = bound;
+    }
 
     struct ember_key key = {};
     key.pid = start.pid;
@@ -177,11 +209,11 @@ static __always_inline void ember_switch_in(struct ember_config *cfg, u32 next, 
     key.unwinder = start.unwinder;
     __builtin_memcpy(key.comm, start.comm, sizeof(key.comm));
 
-    u64 queued_since = start.ts;  /* a preempted thread queued from the start */
+    u64 queued_since = from;  /* a preempted thread queued from the start */
     if (start.state != EMBER_STATE_RUNNABLE) {
         u64 end = woken ? wake.ts : now;
         u64 blocked = end - start.ts;
-        queued_since = end;
+        queued_since = end > from ? end : from;
         if (blocked < cfg->min_block_ns) {
             ember_stat_add(EMBER_STAT_BELOW_MIN, 1);
         } else if (cfg->max_block_ns && blocked > cfg->max_block_ns) {
@@ -190,7 +222,7 @@ static __always_inline void ember_switch_in(struct ember_config *cfg, u32 next, 
             ember_stat_add(EMBER_STAT_EVENTS, 1);
             if (cfg->modes & EMBER_MODE_BLOCKED) {
                 key.kind = EMBER_KIND_BLOCKED;
-                ember_count(&key, blocked);
+                ember_count(&key, end > from ? end - from : 0);
             }
             if (woken && (cfg->modes & EMBER_MODE_OFFWAKE)) {
                 struct ember_key ok = key;
@@ -225,11 +257,14 @@ static __always_inline void ember_switch_in(struct ember_config *cfg, u32 next, 
         }
     }
     if ((cfg->modes & EMBER_MODE_RUNQ) && now > queued_since) {
-        u64 queued = now - queued_since;
         key.kind = EMBER_KIND_RUNQ;  /* the same thread and stacks, another kind */
         key.state = EMBER_STATE_RUNNABLE;
-        ember_count(&key, queued);
-        ember_runq_observe(start.pid, queued);
+        ember_count(&key, now - queued_since);
+        /* the latency histogram takes the whole wait, boundaries aside */
+        u64 queued = start.ts;
+        if (start.state != EMBER_STATE_RUNNABLE)
+            queued = woken ? wake.ts : now;
+        ember_runq_observe(start.pid, now - queued);
     }
 }
 
@@ -242,9 +277,10 @@ int ember_sched_switch(struct tracepoint__sched__sched_switch *args)
     struct ember_config *cfg = ember_get_config();
     if (!cfg)
         return 0;
-    u64 now = bpf_ktime_get_ns();
     u32 epoch = cfg->epoch;
-    ember_switch_in(cfg, args->next_pid, now, epoch);
+    u64 bound = ember_bound(epoch);
+    u64 now = bpf_ktime_get_ns();  /* after the bound: never before it */
+    ember_switch_in(cfg, args->next_pid, now, epoch, bound);
 
     /* prev switches out: remember when, and where it was. */
     u64 id = bpf_get_current_pid_tgid();

@@ -24,6 +24,7 @@ MODE_WAKEUP = 0x4
 MODE_OFFWAKE = 0x8
 
 RUNQ_HIST_SLOTS = 32
+BOUNDS = 4  # drain boundaries kept by the exact off-CPU program, by epoch
 
 FILTER_PIDS = 0x1
 FILTER_CGROUPS = 0x2
@@ -207,6 +208,16 @@ class Start(ct.Structure):
     ]
 
 
+class Crossed(ct.Structure):
+    _fields_ = [
+        ("start", Start),
+        ("wake_ts", ct.c_uint64),
+        ("end_ts", ct.c_uint64),
+        ("epoch", ct.c_uint32),
+        ("reserved", ct.c_uint32),
+    ]
+
+
 class Wake(ct.Structure):
     _fields_ = [
         ("ts", ct.c_uint64),
@@ -310,6 +321,7 @@ STRUCTS: dict[str, type[ct.Structure]] = {
     "ember_key": Key,
     "ember_value": Value,
     "ember_start": Start,
+    "ember_crossed": Crossed,
     "ember_wake": Wake,
     "ember_hist_key": HistKey,
     "ember_block": Block,
@@ -333,6 +345,7 @@ CONSTANTS: dict[str, int] = {
     "EMBER_MODE_WAKEUP": MODE_WAKEUP,
     "EMBER_MODE_OFFWAKE": MODE_OFFWAKE,
     "EMBER_RUNQ_HIST_SLOTS": RUNQ_HIST_SLOTS,
+    "EMBER_BOUNDS": BOUNDS,
     "EMBER_FILTER_PIDS": FILTER_PIDS,
     "EMBER_FILTER_CGROUPS": FILTER_CGROUPS,
     "EMBER_STACK_USER": STACK_USER,

@@ -88,6 +88,17 @@ class AgentMetrics:
                                ["type"], registry=r)
         self.offcpu_seconds = Counter("ember_offcpu_seconds_total",
                                       "Off-CPU time collected", registry=r)
+        self.offcpu_in_flight_seconds = Counter(
+            "ember_offcpu_in_flight_seconds_total",
+            "Off-CPU time of blocks still in progress, charged to the interval it passed "
+            "in (part of ember_offcpu_seconds_total; exact off-CPU program)", registry=r)
+        self.blocked_threads = Gauge(
+            "ember_offcpu_blocked_threads",
+            "Threads of the targets blocked at the last drain (exact off-CPU program)",
+            registry=r)
+        self.longest_block = Gauge(
+            "ember_offcpu_longest_block_seconds",
+            "How long the longest-blocked of those threads has been blocked", registry=r)
         self.stacks_lost = Counter("ember_stacks_lost_total",
                                    "Stacks that reached a profile only as a marker frame, "
                                    "by reason (evicted: gone from the stack map; truncated: "

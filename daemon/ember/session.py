@@ -233,6 +233,7 @@ class Session:
             # the whole host: every process's tables, in the background
             self.unwind.submit_all(exclude=() if self.options.include_self else [os.getpid()])
         for p in self.pipelines:
+            p.drainer.begin(time.monotonic_ns())  # off-CPU time is charged from here
             p.program.attach(self.options.frequency, self.options.optional_hooks)
         self.attached = True
 

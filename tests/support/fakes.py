@@ -25,6 +25,11 @@ class FakeProgram:
         # epoch, and just after (before it reads the counts).
         self.before_flip: list[Callable[[], None]] = []
         self.after_flip: list[Callable[[], None]] = []
+        # ... and just after it has read ember_starts
+        self.after_starts: list[Callable[[], None]] = []
+        self.flipped = False
+        self.bounds: dict[int, int] = {}
+        self.crossed_: dict[int, abi.Crossed] = {}
 
     # --- what the BPF programs do ---
     def _stackid(self, epoch: int, ips: tuple[int, ...]) -> int:
@@ -68,12 +73,30 @@ class FakeProgram:
         s = self.starts_.pop(tid, None)
         if s is None:
             return
+        since = s.ts
+        bound = self.bounds.get(self.epoch % abi.BOUNDS, 0)
+        if s.ts < bound:  # as offcpu.c: the drain charges what came before
+            self.crossed_[tid] = abi.Crossed(start=s, end_ts=self.clock, epoch=self.epoch)
+            since = bound
         key = abi.Key(pid=s.pid, tid=tid, user_stack_id=s.user_stack_id,
                       kernel_stack_id=s.kernel_stack_id, epoch=self.epoch,
-                      stack_epoch=s.stack_epoch, state=s.state, comm=s.comm)
-        self._count(key, self.clock - s.ts)
+                      stack_epoch=s.stack_epoch, state=s.state, comm=s.comm,
+                      kind=abi.KIND_BLOCKED)
+        self._count(key, self.clock - since)
 
     # --- drain.DrainMaps ---
+    charges_in_flight = True
+
+    def write_bound(self, epoch: int, ns: int) -> None:
+        self.bounds[epoch % abi.BOUNDS] = ns
+
+    def crossed(self) -> Sequence[tuple[int, abi.Crossed]]:
+        return [(tid, abi.Crossed.from_buffer_copy(c)) for tid, c in self.crossed_.items()]
+
+    def delete_crossed(self, tids: Sequence[int]) -> None:
+        for tid in tids:
+            del self.crossed_[tid]
+
     def write_epoch(self, epoch: int) -> None:
         for event in self.before_flip:
             event()
@@ -82,6 +105,7 @@ class FakeProgram:
             event()
         self.before_flip.clear()
         self.after_flip.clear()
+        self.flipped = True
 
     def counts(self) -> Sequence[tuple[abi.Key, abi.Value]]:
         return [(abi.Key.from_buffer_copy(k), abi.Value.from_buffer_copy(v))
@@ -92,7 +116,13 @@ class FakeProgram:
             del self.counts_[bytes(k)]
 
     def starts(self) -> Sequence[tuple[int, abi.Start]]:
-        return [(tid, abi.Start.from_buffer_copy(s)) for tid, s in self.starts_.items()]
+        out = [(tid, abi.Start.from_buffer_copy(s)) for tid, s in self.starts_.items()]
+        if self.flipped:  # the read after the flip
+            self.flipped = False
+            for event in self.after_starts:
+                event()
+            self.after_starts.clear()
+        return out
 
     def wakes(self) -> Sequence[tuple[int, abi.Wake]]:
         return []

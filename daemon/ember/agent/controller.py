@@ -152,12 +152,15 @@ class Agent:
         finally:
             self.shutdown()
 
-    def drain_once(self, final: bool = False) -> int:
-        """One drain, stage by stage; returns the profiles exported."""
-        window = self._next_window()
+    def drain_once(self, final: bool = False, end_ns: int | None = None,
+                   window_end_ns: int | None = None) -> int:
+        """One drain, stage by stage; returns the profiles exported. The final
+        one (programs detached) charges blocks still in flight up to end_ns
+        (monotonic), which is the window's end (window_end_ns, wall clock)."""
+        window = self._next_window(window_end_ns)
         self.accounting.begin()
         self.session.discover()
-        drained = self.session.drain(final=final)
+        drained = self.session.drain(final=final, end_ns=end_ns)
         profiles, dropped = process_profiles(drained, self.labeler, window)
         for exporter in self.exporters.values():
             exporter.export(profiles)
@@ -165,8 +168,8 @@ class Agent:
         self.governor.check()
         return len(profiles)
 
-    def _next_window(self) -> Window:
-        end_ns = time.time_ns()
+    def _next_window(self, end_ns: int | None = None) -> Window:
+        end_ns = time.time_ns() if end_ns is None else end_ns
         window = Window(self._window_start_ns, end_ns)
         self._window_start_ns = end_ns
         return window
@@ -219,8 +222,10 @@ class Agent:
         sdnotify.notify("STOPPING=1")
         try:
             if self.attached:
+                # the last window ends here: blocks in flight are charged up to it
+                end, wall = time.monotonic_ns(), time.time_ns()
                 self.session.detach()
-                self.drain_once(final=True)
+                self.drain_once(final=True, end_ns=end, window_end_ns=wall)
         finally:
             if self.pods is not None:
                 self.pods.stop()

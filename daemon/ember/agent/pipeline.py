@@ -93,6 +93,11 @@ class DrainAccounting:
             if program.starts_map is not None:
                 m.map_fill.labels(kind, "starts").set(
                     stats.pending / program.starts_map.max_entries)
+                m.offcpu_in_flight_seconds.inc(sum(
+                    r.total_ns for r in d.result.records
+                    if r.in_flight and r.kind == abi.KIND_BLOCKED) / 1e9)
+                m.blocked_threads.set(stats.blocked_threads)
+                m.longest_block.set(stats.longest_block_ns / 1e9)
             m.drain_seconds.labels(kind).observe(d.seconds)
 
     def _symbolization(self) -> None:

@@ -16,6 +16,16 @@ epoch ``e``:
 5. clear stack slot ``(e - (G - 2)) % G``; it becomes active again only after
    the next flip(s).
 
+The exact off-CPU program (offcpu.c) also charges time to the interval it
+passes in. Before step 1 the drain writes its time ``T`` as the boundary of
+epoch ``e + 1`` (``ember_bounds``); after step 2 every program run counts
+blocked and run-queue time from ``T`` on only. The part before ``T`` of each
+block in flight is charged here, from what the drain last charged it to (or
+the previous boundary) up to ``T``: the blocks still in ``ember_starts``, and
+the blocks that ended between the flip and that read, which the program put
+into ``ember_crossed``. A block seen in both is charged once: what each
+(thread, start) was charged up to is remembered until it ends.
+
 On-CPU samples take their stacks and count in the same epoch: two stack maps
 suffice (G = 2). An off-CPU block takes its stacks at switch-out and counts at
 switch-in, possibly an epoch later, so its counts may name the previous epoch's
@@ -33,7 +43,7 @@ import errno
 import logging
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -87,7 +97,7 @@ class Record:
     kernel: Stack
     count: int
     total_ns: int
-    in_flight: bool = False  # an off-CPU block still going on at the final drain
+    in_flight: bool = False  # part of an off-CPU block still going on at the drain
     kind: int = abi.KIND_ONCPU
     # the other thread of a wakeup (waker for off-wake, wakee for wakeup)
     peer_pid: int = 0
@@ -106,6 +116,9 @@ class DrainStats:
     stacks_truncated: int = 0
     stacks_carried: int = 0
     pending: int = 0          # off-CPU blocks in progress at the snapshot
+    in_flight_ns: int = 0     # time of blocks in flight charged by this drain
+    blocked_threads: int = 0  # threads blocked (not runnable) at the drain
+    longest_block_ns: int = 0  # ... the longest of those blocks so far
     duration_s: float = 0.0
 
     def add(self, other: DrainStats) -> None:
@@ -115,6 +128,7 @@ class DrainStats:
         self.total_ns += other.total_ns
         self.stacks_missing += other.stacks_missing
         self.stacks_truncated += other.stacks_truncated
+        self.in_flight_ns += other.in_flight_ns
 
 
 @dataclass
@@ -128,6 +142,13 @@ class DrainMaps(Protocol):
 
     generations: int
 
+    @property
+    def charges_in_flight(self) -> bool:
+        """Does the program count only from the drain boundary (offcpu.c)?"""
+
+    def write_bound(self, epoch: int, ns: int) -> None: ...
+    def crossed(self) -> Sequence[tuple[int, abi.Crossed]]: ...
+    def delete_crossed(self, tids: Sequence[int]) -> None: ...
     def write_epoch(self, epoch: int) -> None: ...
     def counts(self) -> Sequence[tuple[abi.Key, abi.Value]]: ...
     def delete_counts(self, keys: Sequence[abi.Key]) -> None: ...
@@ -173,13 +194,24 @@ def _comm(raw: bytes) -> str:
 
 
 class Drainer:
-    def __init__(self, maps: DrainMaps, grace: GracePeriod | None = None, epoch: int = 0):
+    def __init__(self, maps: DrainMaps, grace: GracePeriod | None = None, epoch: int = 0,
+                 clock: Callable[[], int] = time.monotonic_ns):
         if maps.generations not in (2, 3):
             raise ValueError("stack generations must be 2 or 3")
         self.maps = maps
         self.grace = grace or GracePeriod()
         self.epoch = epoch
+        self.clock = clock  # CLOCK_MONOTONIC: bpf_ktime_get_ns's clock
         self.carried: dict[tuple[int, int], Stack | None] = {}
+        self.bound = 0  # the boundary in effect: blocks are charged from here
+        # (tid, start ts) of blocks in flight -> what they were charged up to
+        self.charged: dict[tuple[int, int], int] = {}
+
+    def begin(self, now_ns: int) -> None:
+        """Before the programs attach: time is charged from now_ns on."""
+        self.bound = now_ns
+        if self.maps.charges_in_flight:
+            self.maps.write_bound(self.epoch, now_ns)
 
     @property
     def _keep(self) -> int:
@@ -188,9 +220,11 @@ class Drainer:
 
     def drain(self, final: bool = False, now_ns: int | None = None,
               min_ns: int = 0, max_ns: int = 0) -> DrainResult:
-        """Drain the current epoch. With ``final`` (programs detached), also
-        report off-CPU blocks still in progress, timed until ``now_ns`` and
-        kept when ``min_ns <= duration <= max_ns`` (``max_ns`` 0: no limit)."""
+        """Drain the current epoch, and charge the off-CPU blocks in flight up
+        to now (the program charges the rest when they end). With ``final``
+        (programs detached), blocks still in progress are charged up to
+        ``now_ns`` and kept when ``min_ns <= duration <= max_ns`` (``max_ns``
+        0: no limit)."""
         t0 = time.monotonic()
         e = self.epoch
         result = DrainResult()
@@ -203,13 +237,35 @@ class Drainer:
             return cache[k]
 
         in_map = range(e - self._keep, e + 1)  # epochs whose stack slots are intact now
+        tracked = self.maps.charges_in_flight
 
-        # 0. carry the stacks of blocks that outlive the slot cleared below.
-        pending = self.maps.starts()
-        new_carried: dict[tuple[int, int], Stack | None] = {}
+        # 0. carry the stacks of blocks that outlive the slot cleared below
+        # (read before the flip: a block may end between the flip and the
+        # read of the blocks in flight below, and count in the next epoch).
+        before = self.maps.starts()
         refs: list[tuple[int, int, int]] = [
-            (s.stack_epoch, s.user_stack_id, s.kernel_stack_id) for _, s in pending]
-        refs += [(w.stack_epoch, w.user_stack_id, w.kernel_stack_id) for _, w in self.maps.wakes()]
+            (s.stack_epoch, s.user_stack_id, s.kernel_stack_id) for _, s in before]
+        wakes = self.maps.wakes()
+        refs += [(w.stack_epoch, w.user_stack_id, w.kernel_stack_id) for _, w in wakes]
+
+        # 1-2. the boundary, the flip, then wait until nothing writes epoch e.
+        bound = now_ns
+        if not final:
+            bound = self.clock()
+            if tracked:
+                self.maps.write_bound(e + 1, bound)
+            self.maps.write_epoch(e + 1)
+            self.grace.wait()
+        # the blocks in flight now, and those that ended since the flip
+        pending = self.maps.starts() if tracked and not final else before
+        crossed = self.maps.crossed() if tracked else []
+        if tracked and not final:
+            wakes = self.maps.wakes()
+        refs += [(s.stack_epoch, s.user_stack_id, s.kernel_stack_id) for _, s in pending]
+        refs += [(c.start.stack_epoch, c.start.user_stack_id, c.start.kernel_stack_id)
+                 for _, c in crossed]
+        refs += [(w.stack_epoch, w.user_stack_id, w.kernel_stack_id) for _, w in wakes]
+        new_carried: dict[tuple[int, int], Stack | None] = {}
         for stack_epoch, user_id, kernel_id in refs:
             if stack_epoch > e - self._keep:
                 continue
@@ -220,11 +276,6 @@ class Drainer:
                 new_carried[ref] = (from_map(*ref) if stack_epoch in in_map
                                     else self.carried.get(ref))
         lookup_carried = {**self.carried, **new_carried}
-
-        # 1-2. flip, then wait until nothing writes epoch e any more.
-        if not final:
-            self.maps.write_epoch(e + 1)
-            self.grace.wait()
 
         def resolve(se: int, sid: int) -> Stack:
             if sid == abi.STACK_NONE:
@@ -270,18 +321,28 @@ class Drainer:
             result.stats.events += value.count
             result.stats.total_ns += value.total_ns
 
-        if final and now_ns is not None:
-            for tid, s in pending:
-                duration = now_ns - s.ts
-                if duration <= 0 or duration < min_ns or (max_ns and duration > max_ns):
-                    continue
-                result.records.append(Record(
-                    pid=s.pid, tid=tid, comm=_comm(s.comm), state=s.state,
-                    user=resolve(s.stack_epoch, s.user_stack_id),
-                    kernel=resolve(s.stack_epoch, s.kernel_stack_id),
-                    count=1, total_ns=duration, in_flight=True,
-                    kind=abi.KIND_RUNQ if s.state == abi.STATE_RUNNABLE else abi.KIND_BLOCKED,
-                ))
+        # 3b. blocks in flight: what passed of them up to the boundary.
+        if bound is not None and (tracked or final):
+            woke = {tid: w.ts for tid, w in wakes}
+            for tid, st in pending:
+                if st.state != abi.STATE_RUNNABLE and tid not in woke:
+                    result.stats.blocked_threads += 1
+                    result.stats.longest_block_ns = max(result.stats.longest_block_ns,
+                                                        bound - st.ts)
+                if st.ts < bound:
+                    if final and bound - st.ts < min_ns:
+                        continue  # as the program ignores blocks this short
+                    self._charge(result, tid, st, woke.get(tid, 0), bound, final, resolve,
+                                 max_ns)
+            if not final:
+                for tid, c in crossed:
+                    if c.epoch == e + 1:  # ended after this flip, before the read above
+                        self._charge(result, tid, c.start, c.wake_ts, bound, final, resolve,
+                                     max_ns)
+            self.charged = {k: v for k, v in self.charged.items() if v == bound}
+            self.bound = bound
+        if crossed:
+            self.maps.delete_crossed([tid for tid, _ in crossed])
 
         # 4-5. forget what was read; recycle the oldest stack slot.
         self.maps.delete_counts(drained)
@@ -293,3 +354,31 @@ class Drainer:
         result.stats.pending = len(pending)
         result.stats.duration_s = time.monotonic() - t0
         return result
+
+    def _charge(self, result: DrainResult, tid: int, st: abi.Start, wake_ts: int, upto: int,
+                final: bool, resolve: Callable[[int, int], Stack], max_ns: int) -> None:
+        """Charge a block's time from where it was last charged up to ``upto``:
+        blocked until its wakeup, waiting for a CPU after it. A block in
+        flight at the final drain counts as one block; earlier, its blocks are
+        counted by the program when it ends."""
+        key = (tid, st.ts)
+        since = max(st.ts, self.charged.get(key, self.bound))
+        if upto <= since or (max_ns and upto - st.ts > max_ns):
+            return
+        self.charged[key] = upto
+        if st.state == abi.STATE_RUNNABLE:
+            parts = [(abi.KIND_RUNQ, since, upto)]
+        else:
+            woken = wake_ts if st.ts <= wake_ts <= upto else upto
+            parts = [(abi.KIND_BLOCKED, since, min(woken, upto)),
+                     (abi.KIND_RUNQ, max(since, woken), upto)]
+        for kind, a, b in parts:
+            if b <= a:
+                continue
+            result.records.append(Record(
+                pid=st.pid, tid=tid, comm=_comm(st.comm),
+                state=abi.STATE_RUNNABLE if kind == abi.KIND_RUNQ else st.state,
+                user=resolve(st.stack_epoch, st.user_stack_id),
+                kernel=resolve(st.stack_epoch, st.kernel_stack_id),
+                count=1 if final else 0, total_ns=b - a, in_flight=True, kind=kind))
+            result.stats.in_flight_ns += b - a

@@ -73,6 +73,10 @@ class Program:
         self.wakes_map = self._map("ember_wakes", abi.Wake, key=ct.c_uint32) if blocks else None
         self.runq_hist_map = (self._map("ember_runq_hist", ct.c_uint64, key=abi.HistKey)
                               if blocks else None)
+        self.bounds_map = self._map("ember_bounds", ct.c_uint64, key=ct.c_uint32) \
+            if blocks else None
+        self.crossed_map = self._map("ember_crossed", abi.Crossed, key=ct.c_uint32) \
+            if blocks else None
         # the table unwinder, when compiled in: its stacks and tables
         self.unwind: UnwindMaps | None = None
         self.ustack_maps: list[BpfMap] = []
@@ -179,6 +183,23 @@ class Program:
         cfg = self.config()
         cfg.epoch = epoch
         self.configure(cfg)
+
+    @property
+    def charges_in_flight(self) -> bool:
+        return self.bounds_map is not None
+
+    def write_bound(self, epoch: int, ns: int) -> None:
+        if self.bounds_map is not None:
+            self.bounds_map.update(ct.c_uint32(epoch % abi.BOUNDS), ct.c_uint64(ns))
+
+    def crossed(self) -> Sequence[tuple[int, abi.Crossed]]:
+        if self.crossed_map is None:
+            return []
+        return [(int(k), v) for k, v in self.crossed_map.lookup_batch()]
+
+    def delete_crossed(self, tids: Sequence[int]) -> None:
+        if self.crossed_map is not None and tids:
+            self.crossed_map.delete_batch([ct.c_uint32(t) for t in tids])
 
     def counts(self) -> Sequence[tuple[abi.Key, abi.Value]]:
         return self.counts_map.lookup_batch()
