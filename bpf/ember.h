@@ -92,6 +92,9 @@
 #define EMBER_STATE_PARKED 0x40
 #define EMBER_STATE_IDLE 0x80
 #define EMBER_STATE_RUNNABLE 0x100
+/* Not a state: a block that began before ember started (the daemon found the
+ * thread blocked and put the block in; its stacks are the census's). */
+#define EMBER_STATE_BEFORE_START 0x200
 
 /* Indexes into the per-CPU ember_stats array: counters never reset, so the
  * daemon can check that what it drained equals what the kernel counted. */
@@ -199,6 +202,26 @@ struct ember_crossed {
     __u32 reserved;
 };
 
+/* One thread in a census (bpf/census.h): what it is doing now. */
+struct ember_thread {
+    __u32 pid;
+    __u32 tid;
+    __u32 state;            /* EMBER_STATE_*: RUNNABLE is running or waiting for a CPU */
+    __u32 flags;            /* EMBER_THREAD_* */
+    __u64 exec_start;       /* se.exec_start: when it last went on or off a CPU
+                             * (the scheduler's clock, not bpf_ktime_get_ns) */
+    __u64 now;              /* bpf_ktime_get_ns() when it was looked at */
+    __u64 ip;               /* the user registers it entered the kernel with */
+    __u64 sp;
+    __u64 bp;
+    __s32 kernel_len;       /* bytes of addresses in kernel[], or -errno */
+    __u32 cpu;              /* the CPU it runs or last ran on (exec_start's clock) */
+    char comm[EMBER_COMM_LEN];
+    __u64 kernel[EMBER_MAX_STACK_DEPTH];
+};
+#define EMBER_THREAD_ON_CPU 0x1     /* running on a CPU now */
+#define EMBER_THREAD_KERNEL 0x2     /* a kernel thread: no user side */
+
 /* Value of ember_wakes (off-CPU): who woke a blocked thread, and when. */
 struct ember_wake {
     __u64 ts;
@@ -241,6 +264,9 @@ struct ember_block {
 /* User stacks walked from CFI tables live in ember_ustacks_* maps; their ids
  * carry this bit. */
 #define EMBER_USTACK_BIT 0x20000000
+/* Stacks of threads found blocked at the start, walked by the daemon from a
+ * census: their ids carry this bit (the daemon keeps them). */
+#define EMBER_CENSUS_STACK_BIT 0x10000000
 
 /* Unwinding from call-frame information (bpf/unwind_dwarf.h). Built in user
  * space (daemon/ember/unwind/) from .eh_frame / .debug_frame: one row per

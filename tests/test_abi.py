@@ -53,7 +53,9 @@ def test_state_names() -> None:
     assert abi.state_name(abi.STATE_RUNNABLE) == "runnable"
     assert abi.state_name(abi.STATE_UNINTERRUPTIBLE) == "disk-sleep"
     assert abi.state_name(0x3) == "sleeping+disk-sleep"
-    assert abi.state_name(0x200) == "state-0x200"
+    assert abi.state_name(0x800) == "state-0x800"
+    # a block found in progress at the start: named by its state alone
+    assert abi.state_name(abi.STATE_INTERRUPTIBLE | abi.STATE_BEFORE_START) == "sleeping"
 
 
 def header() -> str:

@@ -50,10 +50,12 @@ STATE_EXIT_ZOMBIE = 0x20
 STATE_PARKED = 0x40
 STATE_IDLE = 0x80
 STATE_RUNNABLE = 0x100
+STATE_BEFORE_START = 0x200  # not a state: a block found in progress at the start
 
 UNWINDER_FP = 0
 UNWINDER_DWARF = 1
 USTACK_BIT = 0x20000000  # stack id of a user stack walked from CFI tables
+CENSUS_STACK_BIT = 0x10000000  # stack id of a stack the daemon took from a census
 
 # The table unwinder (bpf/unwind_dwarf.h, daemon/ember/unwind/).
 UNWIND_MAPPINGS = 128
@@ -208,6 +210,28 @@ class Start(ct.Structure):
     ]
 
 
+THREAD_ON_CPU = 0x1   # struct ember_thread.flags: running on a CPU now
+THREAD_KERNEL = 0x2   # ... a kernel thread
+
+
+class Thread(ct.Structure):
+    _fields_ = [
+        ("pid", ct.c_uint32),
+        ("tid", ct.c_uint32),
+        ("state", ct.c_uint32),
+        ("flags", ct.c_uint32),
+        ("exec_start", ct.c_uint64),
+        ("now", ct.c_uint64),
+        ("ip", ct.c_uint64),
+        ("sp", ct.c_uint64),
+        ("bp", ct.c_uint64),
+        ("kernel_len", ct.c_int32),
+        ("cpu", ct.c_uint32),
+        ("comm", ct.c_char * COMM_LEN),
+        ("kernel", ct.c_uint64 * MAX_STACK_DEPTH),
+    ]
+
+
 class Crossed(ct.Structure):
     _fields_ = [
         ("start", Start),
@@ -322,6 +346,7 @@ STRUCTS: dict[str, type[ct.Structure]] = {
     "ember_value": Value,
     "ember_start": Start,
     "ember_crossed": Crossed,
+    "ember_thread": Thread,
     "ember_wake": Wake,
     "ember_hist_key": HistKey,
     "ember_block": Block,
@@ -346,6 +371,8 @@ CONSTANTS: dict[str, int] = {
     "EMBER_MODE_OFFWAKE": MODE_OFFWAKE,
     "EMBER_RUNQ_HIST_SLOTS": RUNQ_HIST_SLOTS,
     "EMBER_BOUNDS": BOUNDS,
+    "EMBER_THREAD_ON_CPU": THREAD_ON_CPU,
+    "EMBER_THREAD_KERNEL": THREAD_KERNEL,
     "EMBER_FILTER_PIDS": FILTER_PIDS,
     "EMBER_FILTER_CGROUPS": FILTER_CGROUPS,
     "EMBER_STACK_USER": STACK_USER,
@@ -367,9 +394,11 @@ CONSTANTS: dict[str, int] = {
     "EMBER_STATE_PARKED": STATE_PARKED,
     "EMBER_STATE_IDLE": STATE_IDLE,
     "EMBER_STATE_RUNNABLE": STATE_RUNNABLE,
+    "EMBER_STATE_BEFORE_START": STATE_BEFORE_START,
     "EMBER_UNWINDER_FP": UNWINDER_FP,
     "EMBER_UNWINDER_DWARF": UNWINDER_DWARF,
     "EMBER_USTACK_BIT": USTACK_BIT,
+    "EMBER_CENSUS_STACK_BIT": CENSUS_STACK_BIT,
     "EMBER_UNWIND_MAPPINGS": UNWIND_MAPPINGS,
     "EMBER_UNWIND_MAPPING_STEPS": UNWIND_MAPPING_STEPS,
     "EMBER_UNWIND_ROW_STEPS": UNWIND_ROW_STEPS,
@@ -415,6 +444,7 @@ STATE_NAMES: dict[int, str] = {
 
 def state_name(state: int) -> str:
     """A name for a normalised thread state; unknown bits are shown in hex."""
+    state &= ~STATE_BEFORE_START
     if state in STATE_NAMES:
         return STATE_NAMES[state]
     names = [n for bit, n in STATE_NAMES.items() if state & bit]

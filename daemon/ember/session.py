@@ -43,6 +43,7 @@ from .stacks import SampleBuilder
 from .symbols.kallsyms import KernelSymbols
 from .symbols.procmaps import ProcessWatcher
 from .symbols.symbolizer import Symbolizer
+from .threads import Census
 from .unwind import UNWINDERS
 from .unwind.loader import LoaderStats, TableLoader
 
@@ -73,6 +74,7 @@ class SessionOptions:
     python_frames: bool = True           # CPython's frames in table-walked stacks
     unwind_cache_dir: str = ""           # unwind tables on disk by build id ("": none)
     preload_s: float = 0.0               # attach waits this long for the target PIDs' tables
+    before_start: bool = True            # off-CPU: threads blocked when it starts, too
 
     def plan(self) -> list[tuple[ProgramKind, tuple[ProfileKind, ...]]]:
         """Each program to run, in the table's order, with the kinds it makes
@@ -145,6 +147,8 @@ class Session:
         self._filtered = False
         self.attached = False
         self._closed = False
+        self.census: Census | None = None   # threads blocked before the start
+        self._start_ns = 0
 
     @property
     def kinds(self) -> list[ProfileKind]:
@@ -179,6 +183,12 @@ class Session:
             self.pipelines.append(Pipeline(program, Drainer(program), [
                 SampleBuilder(self.symbolizer, k, o.frequency, self.python) for k in kinds]))
             program.configure(o.bpf_config(kinds))
+        if o.before_start and any(self._times_blocks(p) for p in self.pipelines):
+            try:
+                self.census = Census(self.symbolizer.processes.procfs, o.include_self)
+            except BpfError as exc:
+                log.warning("threads blocked before the start will not be seen: the thread "
+                            "census does not load here: %s", exc)
         targets = [p.program.unwind for p in self.pipelines if p.program.unwind is not None]
         if targets:
             self.unwind = TableLoader(targets, Path(o.unwind_cache_dir)
@@ -232,10 +242,37 @@ class Session:
         elif self.unwind is not None and not self._filtered:
             # the whole host: every process's tables, in the background
             self.unwind.submit_all(exclude=() if self.options.include_self else [os.getpid()])
+        start = self._start_ns = time.monotonic_ns()  # off-CPU time is charged from here
         for p in self.pipelines:
-            p.drainer.begin(time.monotonic_ns())  # off-CPU time is charged from here
+            p.drainer.begin(start)
             p.program.attach(self.options.frequency, self.options.optional_hooks)
         self.attached = True
+        # threads blocked now that the programs did not see block: timed from now
+        self._put_blocked(time.monotonic_ns())
+
+    @staticmethod
+    def _times_blocks(p: Pipeline) -> bool:
+        return p.program.kind.tracks_blocks or p.program.block_sampling
+
+    def _put_blocked(self, start: int) -> None:
+        """Threads of the targets blocked now: into the off-CPU programs,
+        timed from start (threads.py)."""
+        if self.census is None or (self._filtered and not self._target_pids):
+            return  # comm and cgroup targets: their processes are not known here
+        self.census.set_pids(self._target_pids if self._filtered else None)
+        o = self.options
+        for p, (_, kinds) in zip(self.pipelines, self.plan, strict=True):
+            if not self._times_blocks(p):
+                continue
+            flags = o.stack_flags(kinds)
+            try:
+                n = self.census.put_blocked([p.program], start, o.state_mask,
+                                            bool(flags & abi.STACK_USER),
+                                            bool(flags & abi.STACK_KERNEL), p.drainer.epoch)
+            except BpfError as exc:
+                log.warning("threads blocked before the start: %s", exc)
+                return
+            log.debug("%s: %d threads blocked before the start", p.name, n)
 
     def reconfigure(self, options: SessionOptions) -> None:
         """New run-time settings for the programs already attached (SIGHUP):
@@ -269,6 +306,17 @@ class Session:
             t0 = time.monotonic()
             result = p.drainer.drain(final=final, now_ns=end_ns, min_ns=o.min_block_ns,
                                      max_ns=o.max_block_ns)
+            if final and end_ns is not None and p.program.block_sampling \
+                    and self.census is not None:
+                # the sampled program counts a block when it ends: what is
+                # still in flight, from the census
+                flags = o.stack_flags(self._kinds_of(p))
+                try:
+                    result.records += self.census.in_flight(
+                        end_ns, self._start_ns, o.state_mask, bool(flags & abi.STACK_USER),
+                        bool(flags & abi.STACK_KERNEL), o.min_block_ns, o.max_block_ns)
+                except BpfError as exc:
+                    log.warning("blocks in flight at the end: %s", exc)
             drained = Drained(p.program, result)
             for builder in p.builders:
                 drained.samples.append((builder, builder.build(result.records)))
@@ -277,6 +325,12 @@ class Session:
         self.python.interpreters.drop_retired(exited)
         self.python.forget(exited)
         return out
+
+    def _kinds_of(self, p: Pipeline) -> tuple[ProfileKind, ...]:
+        for q, (_, kinds) in zip(self.pipelines, self.plan, strict=True):
+            if q is p:
+                return kinds
+        return ()
 
     def unwind_stats(self) -> tuple[LoaderStats, int] | None:
         """The table loader's counters and its row capacity (None: no tables)."""
@@ -307,6 +361,8 @@ class Session:
             self.watcher.stop()
         if self.unwind is not None:
             self.unwind.stop()
+        if self.census is not None:
+            self.census.close()
         for p in self.pipelines:
             p.program.close()
 

@@ -33,6 +33,10 @@ def _lost(part: str, problem: str) -> Frame:
     return Frame.marker(f"[lost {part} stack: error]", kind)
 
 
+#: The leaf marker of a block that began before ember started (threads.py).
+BEFORE_START = "[blocked since before the start]"
+
+
 class SampleBuilder:
     """Samples of one profile kind from a program's drained records."""
 
@@ -146,6 +150,8 @@ class SampleBuilder:
                 state = abi.state_name(r.state)
                 frames.append(Frame.marker(f"[{state}]"))
                 labels = (("thread_state", state),)
+                if r.state & abi.STATE_BEFORE_START:
+                    frames.append(Frame.marker(BEFORE_START))
             elif kind == abi.KIND_RUNQ:
                 frames.append(Frame.marker("[runqueue]"))
                 labels = (("thread_state", "runnable"),)

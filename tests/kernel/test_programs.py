@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ember import abi
+from ember.kernel.btf import task_offsets
 from ember.kernel.programs import (
     COUNT_ENTRY_BYTES,
     EXEC_HOOK,
@@ -45,10 +46,12 @@ def test_map_entries_stay_within_budget() -> None:
 def test_specs_pass_only_what_differs_from_the_header() -> None:
     for p in PROGRAMS:
         spec = p.spec()
-        assert spec.defines == {"EMBER_STACK_GENERATIONS": p.generations}
+        # task_struct offsets come from the kernel's BTF, never from a default
+        tasks = task_offsets() if p.reads_tasks else {}
+        assert spec.defines == {"EMBER_STACK_GENERATIONS": p.generations, **tasks}
         assert (EXEC_HOOK.function, EXEC_HOOK.load_kind) in spec.functions
         assert (ROOT / "bpf" / p.source).is_file()
-        assert set(spec.defines) <= set(abi.DEFAULT_DEFINES)
+        assert set(spec.defines) - set(tasks) <= set(abi.DEFAULT_DEFINES)
     sized = program_kind("cpu").spec(4096, 8192).defines
     assert sized["EMBER_STACK_ENTRIES"] == 4096 and sized["EMBER_COUNT_ENTRIES"] == 8192
 

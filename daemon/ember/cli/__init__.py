@@ -17,13 +17,14 @@ from typing import NoReturn
 
 from .. import __version__
 from ..errors import EmberError
-from . import agent, collector, diff, flamegraph, query, record, reference, symbolize
+from . import agent, collector, diff, dump, flamegraph, query, record, reference, symbolize
 from ._common import Command
 
 #: every subcommand, in the order ``ember --help`` lists them
 COMMANDS: tuple[Command, ...] = (
     record.COMMAND, agent.COMMAND, collector.COMMAND, query.COMMAND, flamegraph.COMMAND,
-    diff.COMMAND, symbolize.COMMAND, reference.CONFIG_REFERENCE, reference.METRICS_REFERENCE,
+    diff.COMMAND, dump.COMMAND, symbolize.COMMAND, reference.CONFIG_REFERENCE,
+    reference.METRICS_REFERENCE,
 )
 
 

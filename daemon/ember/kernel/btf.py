@@ -99,8 +99,29 @@ class Btf:
 def task_fsbase_offset(path: Path = VMLINUX) -> int:
     """Where a task_struct keeps the user fs base (x86-64: the thread's TLS
     block, which glibc's pthread_self() returns)."""
+    btf = _read(path)
+    return btf.offset("task_struct", "thread") + btf.offset("thread_struct", "fsbase")
+
+
+def _read(path: Path) -> Btf:
     try:
-        btf = Btf(path.read_bytes())
+        return Btf(path.read_bytes())
     except OSError as e:
         raise BtfError(f"cannot read {path}: {e.strerror}") from e
-    return btf.offset("task_struct", "thread") + btf.offset("thread_struct", "fsbase")
+
+
+def task_offsets(path: Path = VMLINUX) -> dict[str, int]:
+    """The task_struct fields a thread census reads (bpf/census.h), as the
+    -D flags it is compiled with."""
+    btf = _read(path)
+    off = btf.offset
+    return {
+        "EMBER_TASK_PID": off("task_struct", "pid"),
+        "EMBER_TASK_TGID": off("task_struct", "tgid"),
+        "EMBER_TASK_STATE": off("task_struct", "__state"),
+        "EMBER_TASK_ON_CPU": off("task_struct", "on_cpu"),
+        "EMBER_TASK_FLAGS": off("task_struct", "flags"),
+        "EMBER_TASK_COMM": off("task_struct", "comm"),
+        "EMBER_TASK_EXEC_START": off("task_struct", "se") + off("sched_entity", "exec_start"),
+        "EMBER_TASK_CPU": off("task_struct", "thread_info") + off("thread_info", "cpu"),
+    }

@@ -145,7 +145,7 @@ def _tail(text: str, lines: int = 30) -> str:
 def _child(sock_fd: int) -> None:
     from bcc import BPF
 
-    from .tp_btf import load_tp_btf
+    from .tp_btf import load_iter, load_tp_btf
 
     req = json.loads(sys.stdin.read())
     spec = ProgramSpec(req["source"], {k: int(v) for k, v in req["defines"].items()},
@@ -175,6 +175,8 @@ def _child(sock_fd: int) -> None:
             fd = b.load_func(fn.encode(), BPF.TRACEPOINT).fd
         elif kind.startswith("tp_btf/"):
             fd = load_tp_btf(b, fn, kind.removeprefix("tp_btf/"))
+        elif kind.startswith("iter/"):
+            fd = load_iter(b, fn, kind.removeprefix("iter/"))
         else:
             raise BpfError(f"unknown program kind {kind!r} for {fn}")
         progs[f"{fn}@{kind}"] = len(fds)

@@ -38,6 +38,9 @@ class Program:
         self.generations = kind.generations
         self.built = build(self.spec, strict)
         self._attach_fds: list[int] = []
+        self._iter_link: int | None = None
+        # stacks of blocks put in by the daemon (CENSUS_STACK_BIT ids)
+        self.census_stacks: dict[int, Stack] = {}
         try:
             self._open_maps()
         except BpfError:
@@ -149,6 +152,9 @@ class Program:
                                               freq=frequency)
                 self._attach_fds.append(fd)
                 syscalls.perf_attach_bpf(fd, prog)
+        elif hook.point.startswith("iter/"):
+            self._attach_fds.append(syscalls.iter_link(prog))
+            self._iter_link = self._attach_fds[-1]
         elif hook.point.startswith("tracepoint/"):
             _, category, name = hook.point.split("/")
             fd = syscalls.perf_event_open(syscalls.PERF_TYPE_TRACEPOINT,
@@ -168,8 +174,56 @@ class Program:
     def detach(self) -> None:
         """Stop the programs (close their events and links, newest first);
         the maps stay readable until close()."""
+        self._iter_link = None
         while self._attach_fds:
             os.close(self._attach_fds.pop())
+
+    def put_block(self, tid: int, start: abi.Start) -> bool:
+        """Put in a block the program did not see begin (a thread already
+        blocked when it was attached): it is timed from start.ts and counted
+        when the thread wakes, as if the program had seen it. The exact
+        program takes start's stacks; the sampled one walks them at the
+        wakeup. False when the thread is gone (or the map is full)."""
+        if self.starts_map is not None:
+            try:  # never over a block the program saw begin
+                syscalls.map_update(self.starts_map.fd, ct.c_uint32(tid), start,
+                                    syscalls.BPF_NOEXIST)
+            except OSError:
+                return False
+            return True
+        if "ember_blocks" not in self.built.maps:
+            return False
+        try:
+            pidfd = syscalls.pidfd_open(tid, thread=True)
+        except OSError:
+            return False
+        fd, key = self._fd("ember_blocks"), ct.c_int(pidfd)
+        try:
+            seen = abi.Block()
+            try:
+                syscalls.map_lookup(fd, key, seen)
+                if seen.ts or seen.weight_ns:
+                    return False  # the program saw this block begin
+            except OSError:
+                pass  # no storage yet: the program never saw the thread
+            syscalls.map_update(fd, key, abi.Block(ts=start.ts, state=start.state))
+            return True
+        except OSError:
+            return False
+        finally:
+            os.close(pidfd)
+
+    def census(self) -> list[abi.Thread]:
+        """Run the task iterator once (an attached census program): a
+        struct ember_thread per thread it kept."""
+        if self._iter_link is None:
+            raise BpfError(f"{self.name}: no task iterator attached")
+        try:
+            data = syscalls.iter_read(self._iter_link)
+        except OSError as exc:
+            raise BpfError(f"reading the thread census failed: {exc.strerror}") from None
+        size = ct.sizeof(abi.Thread)
+        return [abi.Thread.from_buffer_copy(data, i) for i in range(0, len(data) - size + 1, size)]
 
     def close(self) -> None:
         self.detach()
@@ -238,6 +292,8 @@ class Program:
             if walked is None:
                 return None
             return Stack(walked[0], cut=CUT_REASONS.get(walked[1]))
+        elif stack_id & abi.CENSUS_STACK_BIT and not stack_id & abi.USTACK_BIT:
+            return self.census_stacks.get(stack_id)
         else:
             ips = self.stack_maps[slot].read(stack_id)
         return None if ips is None else Stack(ips)

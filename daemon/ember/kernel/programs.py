@@ -20,6 +20,7 @@ from pathlib import Path
 
 from .. import abi
 from ..errors import BpfError
+from .btf import task_offsets
 
 #: bcc's clang warns about the Debian kernel headers themselves; those are not
 #: ours to fix, and ember's own code is compiled with -Wall on top.
@@ -42,7 +43,8 @@ class Hook:
 
     - ``perf_event``: a cpu-clock perf event on every online CPU;
     - ``tracepoint/<category>/<name>``: a classic tracepoint (its id from tracefs);
-    - ``tp_btf/<name>``: a BTF tracepoint (typed arguments, no tracefs).
+    - ``tp_btf/<name>``: a BTF tracepoint (typed arguments, no tracefs);
+    - ``iter/task``: a task iterator, run when its file is read (a census).
     """
 
     function: str
@@ -109,6 +111,7 @@ class ProgramKind:
     block_sampling: bool = False   # duration-weighted off-CPU: kernel stacks of
                                    # sleeping threads in ember_tstacks_* maps too
     tracks_blocks: bool = False    # ember_starts, ember_wakes, ember_runq_hist
+    reads_tasks: bool = False      # task_struct fields at offsets from BTF (census.h)
 
     @property
     def stack_maps(self) -> int:
@@ -127,6 +130,8 @@ class ProgramKind:
         """The build spec; map sizes default to the header's. unwind_rows > 0
         compiles the table unwinder in, with that many rows."""
         defines = {"EMBER_STACK_GENERATIONS": self.generations}
+        if self.reads_tasks:
+            defines.update(task_offsets())
         if stack_entries is not None:
             defines["EMBER_STACK_ENTRIES"] = stack_entries
         if count_entries is not None:
@@ -173,6 +178,10 @@ PROGRAMS: tuple[ProgramKind, ...] = (
                 (Hook("ember_sched_waking", "tracepoint/sched/sched_waking", unwind="sched"),
                  Hook("ember_sched_switch", "tracepoint/sched/sched_switch", unwind="sched")),
                 generations=3, weight=1.5, tracks_blocks=True),
+    # Not a profile: what every thread of the targets is doing now (ember
+    # dump; threads already blocked when recording starts).
+    ProgramKind("census", "census.c", (Hook("ember_census", "iter/task"),),
+                generations=2, weight=0.0, reads_tasks=True),
 )
 
 

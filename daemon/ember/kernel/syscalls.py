@@ -21,6 +21,10 @@ _libc.syscall.restype = ct.c_long
 
 SYS_BPF = 321
 SYS_PERF_EVENT_OPEN = 298
+SYS_PIDFD_OPEN = 434
+PIDFD_THREAD = os.O_EXCL  # a pidfd for one thread (kernel >= 6.9)
+
+BPF_NOEXIST = 1  # map update flag: only if the key is not there
 
 # bpf commands
 MAP_LOOKUP_ELEM = 1
@@ -29,11 +33,14 @@ MAP_DELETE_ELEM = 3
 MAP_GET_NEXT_KEY = 4
 PROG_LOAD = 5
 RAW_TRACEPOINT_OPEN = 17
+LINK_CREATE = 28
+ITER_CREATE = 33
 MAP_LOOKUP_BATCH = 24
 MAP_DELETE_BATCH = 27
 
 PROG_TYPE_TRACING = 26
 TRACE_RAW_TP = 23
+TRACE_ITER = 28
 
 _ATTR_SIZE = 128
 _ELEM = struct.Struct("=I4xQQQ")                 # map_fd, key, value/next_key, flags
@@ -111,11 +118,20 @@ def map_delete_batch(fd: int, keys: int, count: int) -> tuple[int, int]:
     return -err, _BATCH.unpack_from(attr, 0)[4]
 
 
+def pidfd_open(pid: int, thread: bool = False) -> int:
+    """A pidfd for a process (or, with thread, one thread): the key of task
+    storage maps from user space."""
+    return _check(int(_libc.syscall(SYS_PIDFD_OPEN, pid, PIDFD_THREAD if thread else 0)),
+                  "pidfd_open")
+
+
 # --- programs ------------------------------------------------------------------
 
 def prog_load_tracing(insns: int, insn_bytes: int, name: bytes, btf_id: int,
-                      log: ct.Array[ct.c_char] | None = None) -> int:
-    """BPF_PROG_LOAD of a BTF tracepoint program (tp_btf); raises OSError.
+                      log: ct.Array[ct.c_char] | None = None,
+                      attach_type: int = TRACE_RAW_TP) -> int:
+    """BPF_PROG_LOAD of a BTF tracepoint program (tp_btf), or of a BPF
+    iterator (attach_type TRACE_ITER); raises OSError.
     With ``log``, the verifier's log is left there: it logs every instruction
     it walks, which makes a big program's load several times slower, so
     load without it and ask again for the log only when the load fails."""
@@ -124,8 +140,26 @@ def prog_load_tracing(insns: int, insn_bytes: int, name: bytes, btf_id: int,
                  ct.cast(license_, ct.c_void_p).value or 0, 1 if log is not None else 0,
                  len(log) if log is not None else 0,
                  ct.addressof(log) if log is not None else 0,
-                 0, 0, name[:15], 0, TRACE_RAW_TP, 0, 0, 0, 0, 0, 0, 0, btf_id)
+                 0, 0, name[:15], 0, attach_type, 0, 0, 0, 0, 0, 0, 0, btf_id)
     return bpf(PROG_LOAD, attr, "prog load")
+
+
+def iter_link(prog_fd: int) -> int:
+    """BPF_LINK_CREATE of a loaded iterator program; the link fd."""
+    return bpf(LINK_CREATE, _attr(struct.Struct("=IIIIQI"), prog_fd, 0, TRACE_ITER, 0, 0, 0),
+               "iterator link")
+
+
+def iter_read(link_fd: int) -> bytes:
+    """Run an iterator once (BPF_ITER_CREATE, then read to the end)."""
+    fd = bpf(ITER_CREATE, _attr(struct.Struct("=II"), link_fd, 0), "iterator create")
+    try:
+        chunks = []
+        while chunk := os.read(fd, 1 << 20):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
 
 
 def raw_tracepoint_open(prog_fd: int) -> int:

@@ -1,0 +1,142 @@
+"""Walking the user stack of a thread that is not running, from user space.
+
+A thread blocked in the kernel cannot run the BPF table walker (it walks the
+current thread's stack, reading current's memory). The census gives the
+registers the thread entered the kernel with (ip, sp, bp); this walks on from
+them with the same tables and the same rules as bpf/unwind_dwarf.h, reading
+the process's memory through /proc/PID/mem: CFA from rsp or rbp, the return
+address at CFA-8, rbp restored where the table saved it, frame pointers where
+no table covers the code. It stops where the BPF walker would, and says why
+(Stack.cut). Python frames are not read here.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import struct
+from pathlib import Path
+
+from .. import abi
+from ..abi import CFA_END, CFA_NONE, CFA_PLT, CFA_RBP, CFA_RSP, RBP_SAME, RBP_SAVED
+from ..errors import EmberError
+from ..kernel.drain import CUT_REASONS, Stack
+from ..symbols.elf import ElfSymbols
+from ..symbols.procmaps import Process, ProcFS
+from .tables import UnwindTable, cached_table, lookup
+
+log = logging.getLogger(__name__)
+
+_U64 = struct.Struct("<Q")
+_PAIR = struct.Struct("<QQ")
+
+
+class RemoteUnwinder:
+    """User stacks of stopped threads; object tables kept by (path, offset)."""
+
+    def __init__(self, procfs: ProcFS | None = None, cache_dir: Path | None = None):
+        self.procfs = procfs or ProcFS()
+        self.cache_dir = cache_dir
+        self._objects: dict[tuple[str, int, int], tuple[UnwindTable, int] | None] = {}
+
+    def _table(self, pid: int, proc: Process, ip: int) -> tuple[UnwindTable, int] | None:
+        """The table covering ip and the bias from ip to the object's
+        addresses; None: no table (frame pointers)."""
+        entry = proc.find(ip)
+        if entry is None or not entry.file_backed or entry.deleted:
+            return None
+        key = (entry.path, entry.start, entry.offset)
+        if key not in self._objects:
+            found = None
+            for path in self.procfs.object_candidates(pid, entry):
+                try:
+                    elf = ElfSymbols(path, symbols=False)
+                    vaddr = elf.vaddr_of_offset(entry.offset)
+                    if vaddr is not None:
+                        found = (cached_table(path, self.cache_dir), entry.start - vaddr)
+                    break
+                except (EmberError, OSError) as exc:
+                    if isinstance(exc.__cause__, FileNotFoundError) or \
+                            isinstance(exc, FileNotFoundError):
+                        continue
+                    log.debug("no unwind table for %s: %s", entry.path, exc)
+                    break
+            self._objects[key] = found
+        return self._objects[key]
+
+    def walk(self, pid: int, ip: int, sp: int, bp: int) -> Stack:
+        """The user stack leaf first, from the registers a blocked thread
+        entered the kernel with."""
+        if not ip:
+            return Stack(problem="unavailable")
+        proc = self.procfs.read(pid)
+        if proc is None:
+            return Stack(problem="missing")
+        try:
+            mem = os.open(f"/proc/{pid}/mem", os.O_RDONLY)
+        except OSError:
+            return Stack((ip,), cut=CUT_REASONS[abi.UnwindEnd.READ_FAILED])
+        try:
+            return self._walk(mem, pid, proc, ip, sp, bp)
+        finally:
+            os.close(mem)
+
+    def _walk(self, mem: int, pid: int, proc: Process, ip: int, sp: int, bp: int) -> Stack:
+        ips: list[int] = []
+
+        def read(fmt: struct.Struct, addr: int) -> tuple[int, ...] | None:
+            try:
+                data = os.pread(mem, fmt.size, addr)
+            except OSError:
+                return None
+            return fmt.unpack(data) if len(data) == fmt.size else None
+
+        def end(reason: int) -> Stack:
+            return Stack(tuple(ips), cut=CUT_REASONS.get(reason))
+
+        while True:
+            if len(ips) >= abi.MAX_STACK_DEPTH:
+                return end(abi.UnwindEnd.TRUNCATED)
+            ips.append(ip)
+            if proc.find(ip) is None:
+                return end(abi.UnwindEnd.NO_MAPPING)
+            cfa_type, rbp_type, cfa_offset, rbp_offset = CFA_NONE, RBP_SAME, 0, 0
+            found = self._table(pid, proc, ip)
+            if found is not None:
+                table, bias = found
+                row = lookup(table, ip - bias - (1 if len(ips) > 1 else 0))
+                if row is not None:
+                    cfa_type, rbp_type = row.cfa_type, row.rbp_type
+                    cfa_offset, rbp_offset = row.cfa_offset, row.rbp_offset
+            if cfa_type == CFA_RSP:
+                cfa = sp + cfa_offset
+            elif cfa_type == CFA_RBP:
+                if not bp:
+                    return end(abi.UnwindEnd.UNSUPPORTED)
+                cfa = bp + cfa_offset
+            elif cfa_type == CFA_PLT:
+                cfa = sp + 8 + (8 if (ip & 15) >= cfa_offset else 0)
+            elif cfa_type == CFA_END:
+                return Stack(tuple(ips))
+            elif cfa_type == CFA_NONE:
+                if not bp:
+                    return Stack(tuple(ips))
+                cfa, rbp_type, rbp_offset = bp + 16, RBP_SAVED, -16
+            else:
+                return end(abi.UnwindEnd.UNSUPPORTED)
+            if cfa <= sp:
+                return end(abi.UnwindEnd.BAD_FRAME)
+            got = read(_U64, cfa - 8)
+            if got is None:
+                return end(abi.UnwindEnd.READ_FAILED)
+            ra = got[0]
+            if rbp_type == RBP_SAVED:
+                saved = read(_U64, cfa + rbp_offset)
+                if saved is None:
+                    return end(abi.UnwindEnd.READ_FAILED)
+                bp = saved[0]
+            elif rbp_type != RBP_SAME:
+                bp = 0
+            if not ra:
+                return Stack(tuple(ips))
+            ip, sp = ra, cfa

@@ -1,0 +1,87 @@
+"""Threads that were blocked before ember looked: found by the census,
+charged from the start (`ember record`), and shown by `ember dump`."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.bpf
+
+EMBER = [sys.executable, "-m", "ember.cli"]
+RECORD_S = 4.0
+
+
+def thread_names(pid: int) -> dict[int, str]:
+    return {int(t.name): (t / "comm").read_text().strip()
+            for t in Path(f"/proc/{pid}/task").iterdir()}
+
+
+def run_time_ns(pid: int, tid: int) -> int:
+    return int(Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[0])
+
+
+@pytest.mark.parametrize("sample_us", [1000, 0])  # the sampled and the exact program
+def test_blocked_since_before_the_start(start_workload, tmp_path: Path, sample_us: int) -> None:  # type: ignore[no-untyped-def]
+    """A thread asleep in block_long since 10 s before a 4 s off-CPU record:
+    nearly all of its time in the record is off-CPU, under block_long, with
+    the marker frame; the threads that spin and nap are charged as before."""
+    w = start_workload("long_block", 60, "now")
+    sleeper = next(t for t, n in thread_names(w.pid).items() if n == "sleeper")
+    time.sleep(10)
+    ran = run_time_ns(w.pid, sleeper)
+    out = tmp_path / "off.folded"
+    t0 = time.monotonic()
+    r = subprocess.run([*EMBER, "record", "--mode", "offcpu", "--pid", str(w.pid),
+                        "--duration", str(RECORD_S), "--sample-us", str(sample_us),
+                        "-o", str(out)], capture_output=True, text=True, timeout=120)
+    wall = time.monotonic() - t0
+    assert r.returncode == 0, r.stderr
+    assert run_time_ns(w.pid, sleeper) - ran < 1_000_000  # truth: it never ran
+    lines = [line.rsplit(" ", 1) for line in out.read_text().splitlines()]
+    slept = [(stack, int(v)) for stack, v in lines if stack.startswith("sleeper;")]
+    assert slept, out.read_text()
+    assert all("block_long" in s and s.endswith("[blocked since before the start]")
+               for s, _ in slept), slept
+    us = sum(v for _, v in slept)
+    # the record's window is its duration (the command's wall time bounds it)
+    assert 0.95 * RECORD_S * 1e6 <= us <= wall * 1e6, (us, wall)
+    # threads that block and wake during the record are not marked
+    mixed = [s for s, _ in lines if s.startswith("mixed;")]
+    assert mixed and not any("before the start" in s for s in mixed)
+
+
+def test_dump_states_blocking_functions_and_since(start_workload) -> None:  # type: ignore[no-untyped-def]
+    proc = subprocess.Popen([str(Path(__file__).parents[1] / "fixtures/bin/dump_threads"), "30"],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        _, pid_s, cond_at, read_at = proc.stdout.readline().split()
+        pid = int(pid_s)
+        time.sleep(1.5)
+        r = subprocess.run([*EMBER, "dump", "-p", str(pid), "--json"], capture_output=True,
+                           text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        threads = {t["comm"]: t for t in map(json.loads, r.stdout.splitlines())}
+        assert {"condwait", "piperead", "spinner"} <= set(threads), threads.keys()
+        cond, pipe, spin = threads["condwait"], threads["piperead"], threads["spinner"]
+        assert cond["state"] == "sleeping" and "wait_cond" in cond["user"]
+        assert any("pthread_cond_wait" in f for f in cond["user"]), cond["user"]
+        assert "futex" in cond["blocked_in"], cond
+        assert pipe["state"] == "sleeping" and "wait_read" in pipe["user"]
+        assert pipe["blocked_in"].endswith("pipe_read"), pipe  # anon_pipe_read in 6.18
+        assert spin["state"] in ("running", "runnable") and not spin["blocked_in"]
+        # since when, within 100 ms of what the threads noted just before blocking
+        assert abs(cond["since_monotonic_ns"] - int(cond_at)) < 100_000_000, cond
+        assert abs(pipe["since_monotonic_ns"] - int(read_at)) < 100_000_000, pipe
+        # the longest-blocked first
+        order = [t["comm"] for t in map(json.loads, r.stdout.splitlines())]
+        assert order.index("spinner") > max(order.index("condwait"), order.index("piperead"))
+    finally:
+        proc.kill()
+        proc.wait()
