@@ -35,6 +35,8 @@ static __always_inline u32 ember_census_state(u32 raw)
 {
     if (raw == 0)
         return EMBER_STATE_RUNNABLE;
+    if (raw & EMBER_RAW_TASK_DEAD)
+        return EMBER_STATE_EXIT_DEAD; /* exiting: never blocked again */
     if (raw == (EMBER_RAW_TASK_NOLOAD | EMBER_STATE_UNINTERRUPTIBLE))
         return EMBER_STATE_IDLE;
     if (raw & EMBER_RAW_TASK_RTLOCK_WAIT)

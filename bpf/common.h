@@ -22,12 +22,24 @@ BPF_HASH(ember_pids, u32, u64, EMBER_PID_ENTRIES);
  * reads a new process's maps within a millisecond or so, so a process that
  * lives for 30 ms still gets its frames named. */
 BPF_RINGBUF_OUTPUT(ember_new_pids, EMBER_NEW_PID_PAGES);
+/* Drain boundaries (off-CPU): the daemon writes the time of each flip into
+ * ember_bounds[epoch % EMBER_BOUNDS] before it; blocks are counted from the
+ * boundary in effect on, what came before is charged by the drain. */
+BPF_ARRAY(ember_bounds, u64, EMBER_BOUNDS);
 
 static __always_inline void ember_stat_add(u32 idx, u64 n)
 {
     u64 *v = ember_stats.lookup(&idx);
     if (v)
         *v += n;
+}
+
+/* The drain boundary in effect in this epoch (0: none yet). */
+static __always_inline u64 ember_bound(u32 epoch)
+{
+    u32 slot = epoch % EMBER_BOUNDS;
+    u64 *b = ember_bounds.lookup(&slot);
+    return b ? *b : 0;
 }
 
 static __always_inline struct ember_config *ember_get_config(void)

@@ -251,6 +251,29 @@ struct ember_block {
                              * fires on every return to user space, so equal
                              * user registers mean the same kernel entry */
     __u32 reserved;
+    __u64 charged;          /* the block's time up to here is counted (a drain
+                             * charged it in flight); EMBER_CHARGED_DONE once
+                             * it ended. Swapped atomically: see census in
+                             * offcpu_sampled.c */
+};
+#define EMBER_CHARGED_DONE 0xffffffffffffffffULL
+
+/* A sampled block in flight, charged by a drain (offcpu_sampled.c's census):
+ * from from_ns up to to_ns, the drain's boundary. */
+struct ember_in_flight {
+    __u32 pid;
+    __u32 tid;
+    __u32 state;            /* EMBER_STATE_* at switch-out (with BEFORE_START) */
+    __s32 kernel_stack_id;  /* in ember_tstacks_*, generation stack_epoch */
+    __u32 stack_epoch;
+    __u32 reserved;
+    __u64 from_ns;
+    __u64 to_ns;
+    __u64 since_ns;         /* when the block began */
+    __u64 ip;               /* the user registers it entered the kernel with */
+    __u64 sp;
+    __u64 bp;
+    char comm[EMBER_COMM_LEN];
 };
 
 /* Kernel stacks of sleeping threads (bpf_get_task_stack) live in a hash map

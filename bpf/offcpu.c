@@ -32,7 +32,6 @@
 BPF_HASH(ember_starts, u32, struct ember_start, EMBER_THREAD_ENTRIES);
 BPF_HASH(ember_wakes, u32, struct ember_wake, EMBER_THREAD_ENTRIES);
 BPF_HASH(ember_runq_hist, struct ember_hist_key, u64, EMBER_RUNQ_HIST_ENTRIES);
-BPF_ARRAY(ember_bounds, u64, EMBER_BOUNDS);
 BPF_HASH(ember_crossed, u32, struct ember_crossed, EMBER_THREAD_ENTRIES);
 
 #if EMBER_UNWIND
@@ -157,14 +156,6 @@ int ember_sched_waking(struct tracepoint__sched__sched_waking *args)
     return 0;
 }
 
-
-/* The drain boundary in effect in this epoch (0: none yet). */
-static __always_inline u64 ember_bound(u32 epoch)
-{
-    u32 slot = epoch % EMBER_BOUNDS;
-    u64 *b = ember_bounds.lookup(&slot);
-    return b ? *b : 0;
-}
 
 /* next switches in: its time off-CPU ends now. Blocked and run-queue time is
  * counted from `bound` on (see the top). */

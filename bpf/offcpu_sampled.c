@@ -39,8 +39,7 @@
  * pt_regs, whose layout is the x86-64 entry ABI.
  */
 #include "common.h"
-
-struct task_struct;
+#include "census.h"
 
 struct ember_stack {
     u64 ips[EMBER_MAX_STACK_DEPTH];
@@ -225,10 +224,15 @@ static __always_inline void ember_switch_in(struct ember_config *cfg, struct tas
     struct ember_block *b = ember_blocks.task_storage_get(next, 0, 0);
     if (!b || !b->ts)
         return;
+    /* what a drain charged of it in flight is not counted again: the swap
+     * ends the census's claim on the block (ember_sampled_census) */
+    u64 charged = __sync_lock_test_and_set(&b->charged, EMBER_CHARGED_DONE);
     /* blocked until the wakeup; a thread with no wakeup seen (preempted, or
      * woken before we knew of it) until now */
     u64 end = b->wake_ts >= b->ts && b->wake_ts <= now ? b->wake_ts : now;
     u64 d = end - b->ts;
+    u64 from = charged > b->ts && charged != EMBER_CHARGED_DONE ? charged : b->ts;
+    u64 part = end > from ? end - from : 0; /* the time not charged yet */
     b->ts = 0;
     if (d < cfg->min_block_ns) {
         ember_stat_add(EMBER_STAT_BELOW_MIN, 1);
@@ -240,15 +244,16 @@ static __always_inline void ember_switch_in(struct ember_config *cfg, struct tas
     }
     ember_stat_add(EMBER_STAT_EVENTS, 1);
     u64 t = cfg->sample_ns;
-    u64 weight_count = 1, weight_ns = d;
+    u64 weight_count = 1, weight_ns = part;
     if (t && d < t) {
         /* taken with probability d / t; then it stands for t / d blocks,
-         * rounded at random so the count stays unbiased, and t ns */
+         * rounded at random so the count stays unbiased, and t ns (of which
+         * the part not charged in flight: part * t / d) */
         if (((u64)bpf_get_prandom_u32() * t) >> 32 >= d)
             return;
         u64 whole = t / d, frac = ((t % d) << 32) / d;
         weight_count = whole + ((u64)bpf_get_prandom_u32() < frac ? 1 : 0);
-        weight_ns = t;
+        weight_ns = part == d ? t : part * t / d;
     }
     ember_stat_add(EMBER_STAT_SAMPLED, 1);
     u32 epoch = cfg->epoch;
@@ -263,6 +268,8 @@ static __always_inline void ember_switch_in(struct ember_config *cfg, struct tas
     }
     ember_user_regs(next, &b->user_ip, &b->user_sp);
     b->weight_ns = weight_ns; /* last: marks the block pending */
+    if (!weight_ns)
+        b->weight_ns = 1; /* all charged in flight: still one block to count */
 }
 
 /* tp_btf/sched_switch(bool preempt, prev, next, unsigned int prev_state) */
@@ -304,6 +311,7 @@ int ember_sampled_switch(u64 *ctx)
                 b = ember_blocks.task_storage_get(prev, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
             if (b) {
                 b->ts = now;
+                b->charged = now;
                 b->wake_ts = 0;
                 b->state = state;
             } else {
@@ -417,5 +425,62 @@ int ember_sampled_resume_exit(u64 *ctx)
     }
 #endif
     (void)pending;
+    return 0;
+}
+
+/* iter/task, run by each drain after its flip: charge the blocks in flight.
+ * For each thread blocked since before the boundary in effect, claim the
+ * block's time up to the boundary by swapping `charged` from what it was to
+ * the boundary, and hand the daemon the claimed span with the thread's
+ * kernel stack (stored as a switch-in would) and user registers. A thread
+ * switching in at the same time swaps `charged` to EMBER_CHARGED_DONE
+ * first or after: the compare-and-swap fails, or it counts from the
+ * boundary. Either way no nanosecond is counted twice or lost. */
+int ember_sampled_census(struct ember_iter_task *ctx)
+{
+    struct task_struct *task = ctx->task;
+    struct ember_config *cfg = ember_get_config();
+    if (!task || !cfg)
+        return 0;
+    struct ember_block *b = ember_blocks.task_storage_get(task, 0, 0);
+    if (!b || !b->ts)
+        return 0;
+    u32 epoch = cfg->epoch;
+    u64 bound = ember_bound(epoch);
+    u64 was = b->charged;
+    if (!bound || was >= bound || was < b->ts)
+        return 0; /* began after the boundary, charged already, or ended */
+    /* the block limits as its switch-in applies them: a block shorter than
+     * the minimum so far is left whole to its switch-in (which may take it
+     * once it is long enough); one longer than the maximum is never taken */
+    if (bound - b->ts < cfg->min_block_ns ||
+        (cfg->max_block_ns && bound - b->ts > cfg->max_block_ns))
+        return 0;
+    if (__sync_val_compare_and_swap(&b->charged, was, bound) != was)
+        return 0; /* it ended meanwhile: counted at its switch-in */
+    struct ember_in_flight f = {};
+    char *base = (char *)task;
+    bpf_probe_read_kernel(&f.tid, sizeof(f.tid), base + EMBER_TASK_PID);
+    bpf_probe_read_kernel(&f.pid, sizeof(f.pid), base + EMBER_TASK_TGID);
+    bpf_probe_read_kernel_str(f.comm, sizeof(f.comm), base + EMBER_TASK_COMM);
+    f.state = b->state;
+    f.from_ns = was;
+    f.since_ns = b->ts;
+    /* blocked time ends at the wakeup: a woken thread waits for a CPU */
+    f.to_ns = b->wake_ts >= b->ts && b->wake_ts < bound ? b->wake_ts : bound;
+    f.stack_epoch = epoch;
+    f.kernel_stack_id = EMBER_STACK_NONE;
+    if (cfg->stack_flags & EMBER_STACK_KERNEL)
+        f.kernel_stack_id = ember_task_kstack(task, epoch);
+    if (cfg->stack_flags & EMBER_STACK_USER) {
+        u64 ip, sp;
+        ember_user_regs(task, &ip, &sp);
+        f.ip = ip;
+        f.sp = sp;
+        struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(task);
+        if (regs)
+            bpf_probe_read_kernel(&f.bp, sizeof(f.bp), &regs->bp);
+    }
+    bpf_seq_write(ctx->meta->seq, &f, sizeof(f));
     return 0;
 }

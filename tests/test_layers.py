@@ -24,7 +24,7 @@ LAYERS: dict[str, int] = {
                      "proto", "bpf"), 0),
     **dict.fromkeys(("kernel", "unwind", "symbols", "runtimes", "encode", "config"), 1),
     **dict.fromkeys(("session", "stacks", "threads", "export", "flamegraph"), 2),
-    **dict.fromkeys(("agent", "collector", "record", "dump"), 3),
+    **dict.fromkeys(("agent", "collector", "record"), 3),
     "cli": 4,
 }
 LAYER_NAMES = ("vocabulary", "stage", "assembly", "role", "cli")

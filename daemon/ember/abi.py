@@ -271,6 +271,30 @@ class Block(ct.Structure):
         ("pending_state", ct.c_uint32),
         ("resume_seen", ct.c_uint32),
         ("reserved", ct.c_uint32),
+        ("charged", ct.c_uint64),
+    ]
+
+
+CHARGED_DONE = (1 << 64) - 1  # ember_block.charged once the block ended
+
+
+class InFlight(ct.Structure):
+    """A sampled block in flight, charged by a drain (struct ember_in_flight)."""
+
+    _fields_ = [
+        ("pid", ct.c_uint32),
+        ("tid", ct.c_uint32),
+        ("state", ct.c_uint32),
+        ("kernel_stack_id", ct.c_int32),
+        ("stack_epoch", ct.c_uint32),
+        ("reserved", ct.c_uint32),
+        ("from_ns", ct.c_uint64),
+        ("to_ns", ct.c_uint64),
+        ("since_ns", ct.c_uint64),
+        ("ip", ct.c_uint64),
+        ("sp", ct.c_uint64),
+        ("bp", ct.c_uint64),
+        ("comm", ct.c_char * COMM_LEN),
     ]
 
 
@@ -350,6 +374,7 @@ STRUCTS: dict[str, type[ct.Structure]] = {
     "ember_wake": Wake,
     "ember_hist_key": HistKey,
     "ember_block": Block,
+    "ember_in_flight": InFlight,
     "ember_unwind_row": UnwindRow,
     "ember_unwind_mapping": UnwindMapping,
     "ember_unwind_proc": UnwindProc,
@@ -371,6 +396,7 @@ CONSTANTS: dict[str, int] = {
     "EMBER_MODE_OFFWAKE": MODE_OFFWAKE,
     "EMBER_RUNQ_HIST_SLOTS": RUNQ_HIST_SLOTS,
     "EMBER_BOUNDS": BOUNDS,
+    "EMBER_CHARGED_DONE": CHARGED_DONE,
     "EMBER_THREAD_ON_CPU": THREAD_ON_CPU,
     "EMBER_THREAD_KERNEL": THREAD_KERNEL,
     "EMBER_FILTER_PIDS": FILTER_PIDS,

@@ -91,10 +91,11 @@ class AgentMetrics:
         self.offcpu_in_flight_seconds = Counter(
             "ember_offcpu_in_flight_seconds_total",
             "Off-CPU time of blocks still in progress, charged to the interval it passed "
-            "in (part of ember_offcpu_seconds_total; exact off-CPU program)", registry=r)
+            "in (part of ember_offcpu_seconds_total)", registry=r)
         self.blocked_threads = Gauge(
             "ember_offcpu_blocked_threads",
-            "Threads of the targets blocked at the last drain (exact off-CPU program)",
+            "Threads of the targets blocked at the last drain since before its previous one "
+            "(sampled off-CPU), or at all (exact off-CPU)",
             registry=r)
         self.longest_block = Gauge(
             "ember_offcpu_longest_block_seconds",

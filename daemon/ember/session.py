@@ -46,6 +46,7 @@ from .symbols.symbolizer import Symbolizer
 from .threads import Census
 from .unwind import UNWINDERS
 from .unwind.loader import LoaderStats, TableLoader
+from .unwind.remote import RemoteUnwinder
 
 log = logging.getLogger(__name__)
 
@@ -148,6 +149,8 @@ class Session:
         self.attached = False
         self._closed = False
         self.census: Census | None = None   # threads blocked before the start
+        # user stacks of threads not running (sampled blocks in flight)
+        self.remote = RemoteUnwinder(symbolizer.processes.procfs)
         self._start_ns = 0
 
     @property
@@ -180,7 +183,8 @@ class Session:
         for kind, kinds in self.plan:
             sizes = entries[kind.name]
             program = self._build(kind, sizes.stacks, sizes.counts, sizes.unwind_rows)
-            self.pipelines.append(Pipeline(program, Drainer(program), [
+            drainer = Drainer(program, walk_user=self.remote.walk)
+            self.pipelines.append(Pipeline(program, drainer, [
                 SampleBuilder(self.symbolizer, k, o.frequency, self.python) for k in kinds]))
             program.configure(o.bpf_config(kinds))
         if o.before_start and any(self._times_blocks(p) for p in self.pipelines):
@@ -250,6 +254,11 @@ class Session:
         # threads blocked now that the programs did not see block: timed from now
         self._put_blocked(time.monotonic_ns())
 
+    def target_pids(self) -> set[int] | None:
+        """The processes targeted by PID (None: every process, or targets
+        by command or cgroup, which the census does not tell apart)."""
+        return set(self._target_pids) if self._filtered and self._target_pids else None
+
     @staticmethod
     def _times_blocks(p: Pipeline) -> bool:
         return p.program.kind.tracks_blocks or p.program.block_sampling
@@ -306,17 +315,6 @@ class Session:
             t0 = time.monotonic()
             result = p.drainer.drain(final=final, now_ns=end_ns, min_ns=o.min_block_ns,
                                      max_ns=o.max_block_ns)
-            if final and end_ns is not None and p.program.block_sampling \
-                    and self.census is not None:
-                # the sampled program counts a block when it ends: what is
-                # still in flight, from the census
-                flags = o.stack_flags(self._kinds_of(p))
-                try:
-                    result.records += self.census.in_flight(
-                        end_ns, self._start_ns, o.state_mask, bool(flags & abi.STACK_USER),
-                        bool(flags & abi.STACK_KERNEL), o.min_block_ns, o.max_block_ns)
-                except BpfError as exc:
-                    log.warning("blocks in flight at the end: %s", exc)
             drained = Drained(p.program, result)
             for builder in p.builders:
                 drained.samples.append((builder, builder.build(result.records)))
@@ -325,12 +323,6 @@ class Session:
         self.python.interpreters.drop_retired(exited)
         self.python.forget(exited)
         return out
-
-    def _kinds_of(self, p: Pipeline) -> tuple[ProfileKind, ...]:
-        for q, (_, kinds) in zip(self.pipelines, self.plan, strict=True):
-            if q is p:
-                return kinds
-        return ()
 
     def unwind_stats(self) -> tuple[LoaderStats, int] | None:
         """The table loader's counters and its row capacity (None: no tables)."""

@@ -11,29 +11,41 @@ the start, with the state bit ``STATE_BEFORE_START``: samples built from
 them carry the marker frame ``[blocked since before the start]``.
 
 The exact program takes those stacks and charges the block in every drain
-like its own. The sampled program walks the stacks itself when the thread
-wakes; for a block still in flight at the end (a sampled program counts a
-block only when it ends), ``Census.in_flight`` charges what passed of it,
-from the census again.
+like its own. The sampled program charges it like its own too (its drains'
+iterator walks the kernel stack of a block in flight, the daemon the user
+stack), and walks the stacks itself when the thread wakes.
+
+``Dumper`` turns a census into what ``ember dump`` prints and the agent's
+``/threads`` answers: each thread's state, the kernel function it blocked
+in, for how long, and its stack (kernel, then native user frames), the
+longest-blocked first. A running thread's user registers are those of its
+last kernel entry: no user stack is shown for a thread running right now.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 from . import abi
-from .errors import BpfError
+from .errors import BpfError, SymbolizationError
 from .kernel.census import SchedClock, ThreadNow, threads
-from .kernel.drain import STACK_NOT_REQUESTED, Record, Stack
+from .kernel.drain import STACK_NOT_REQUESTED, Stack
 from .kernel.program import Program, self_tgid
 from .kernel.programs import program_kind
-from .symbols.procmaps import ProcFS
+from .model import Frame
+from .symbols.kallsyms import KernelSymbols
+from .symbols.procmaps import ProcessTable, ProcFS
+from .symbols.symbolizer import Symbolizer
 from .unwind.remote import RemoteUnwinder
 
 log = logging.getLogger(__name__)
 
 NOT_REQUESTED = Stack(problem=STACK_NOT_REQUESTED)
+#: The states a thread can be blocked in (not exiting, not runnable).
+BLOCKED_STATES = (abi.STATE_INTERRUPTIBLE | abi.STATE_UNINTERRUPTIBLE | abi.STATE_STOPPED
+                  | abi.STATE_TRACED | abi.STATE_PARKED | abi.STATE_IDLE)
 
 
 class Census:
@@ -82,7 +94,7 @@ class Census:
         """Put the blocks of the threads blocked now into the off-CPU
         programs, timed from start_ns; how many threads."""
         self.start_ns = start_ns
-        found = 0
+        put: dict[int, ThreadNow] = {}
         for t in self.take():
             if not self._wanted(t, state_mask):
                 continue
@@ -94,8 +106,17 @@ class Census:
                               stack_epoch=epoch, state=t.state | abi.STATE_BEFORE_START,
                               unwinder=abi.UNWINDER_DWARF, comm=t.comm.encode()[:15])
             if all([p.put_block(t.tid, start) for p in programs]):
-                found += 1
-        return found
+                put[t.tid] = t
+        # a thread that ran between the census and now was not blocked since
+        # before the start after all: its block comes out again
+        for t in self.take():
+            was = put.get(t.tid)
+            if was is not None and (not self._wanted(t, state_mask)
+                                    or t.exec_start != was.exec_start):
+                for p in programs:
+                    p.take_back_block(t.tid, start_ns)
+                del put[t.tid]
+        return len(put)
 
     def _register(self, programs: Sequence[Program], stack: Stack) -> int:
         if stack.problem == STACK_NOT_REQUESTED:
@@ -108,29 +129,108 @@ class Census:
 
     @staticmethod
     def _wanted(t: ThreadNow, state_mask: int) -> bool:
-        if t.on_cpu or not t.blocked or t.kernel_thread:
-            return False
+        if t.on_cpu or not t.blocked or t.kernel_thread or not t.state & BLOCKED_STATES:
+            return False  # running, runnable, exiting, or a state not known
         return not state_mask or bool(t.state & state_mask)
 
-    # --- at the end ---
-    def in_flight(self, end_ns: int, start_ns: int, state_mask: int, user: bool,
-                  kernel: bool, min_ns: int = 0, max_ns: int = 0) -> list[Record]:
-        """Blocks still in flight now, charged from when they began (not
-        before start_ns, the session's start) up to end_ns, one block each."""
+
+# --- what every thread is doing now (ember dump, the agent's /threads) ---
+
+#: Kernel functions every blocked thread passes through on its way to sleep:
+#: the one it blocked *in* is the first frame past them.
+SCHEDULER = frozenset({
+    "__schedule", "schedule", "schedule_timeout", "schedule_hrtimeout_range",
+    "schedule_hrtimeout_range_clock", "schedule_preempt_disabled", "io_schedule",
+    "io_schedule_timeout", "__switch_to", "__switch_to_asm", "preempt_schedule_common",
+    "preempt_schedule_irq", "do_nanosleep", "futex_do_wait"})
+
+
+@dataclass(frozen=True)
+class ThreadReport:
+    pid: int
+    tid: int
+    comm: str
+    state: str                  # running, runnable, or the blocked state's name
+    off_cpu_s: float | None     # how long off the CPU (None: running, or unknown)
+    since_ns: int | None        # monotonic: since when
+    blocked_in: str             # the kernel function it blocked in ("" if none)
+    user: tuple[Frame, ...]     # root first
+    kernel: tuple[Frame, ...]   # root (the system call entry) first
+
+    def as_json(self) -> dict[str, object]:
+        return {"pid": self.pid, "tid": self.tid, "comm": self.comm, "state": self.state,
+                "off_cpu_seconds": self.off_cpu_s, "since_monotonic_ns": self.since_ns,
+                "blocked_in": self.blocked_in,
+                "user": [f.name for f in self.user], "kernel": [f.name for f in self.kernel]}
+
+
+def _state(t: ThreadNow) -> str:
+    if t.on_cpu:
+        return "running"
+    if t.state == abi.STATE_RUNNABLE:
+        return "runnable"
+    return abi.state_name(t.state)
+
+
+def _blocked_in(t: ThreadNow, kernel: Sequence[Frame]) -> str:
+    if t.on_cpu or t.state == abi.STATE_RUNNABLE:
+        return ""
+    for f in kernel:  # leaf first
+        if f.name not in SCHEDULER:
+            return f.name
+    return ""
+
+
+class Dumper:
+    """A census and the symbols to name what it finds; reusable (--watch)."""
+
+    def __init__(self, census: Census, symbolizer: Symbolizer):
+        self.census = census
+        self.symbolizer = symbolizer
+
+    @classmethod
+    def standalone(cls, include_self: bool = False) -> Dumper:
+        """With a census and symbols of its own (ember dump)."""
+        procfs = ProcFS()
+        try:
+            kernel: KernelSymbols | None = KernelSymbols()
+        except SymbolizationError as exc:  # kernel frames stay addresses
+            log.warning("%s", exc)
+            kernel = None
+        return cls(Census(procfs, include_self), Symbolizer(ProcessTable(procfs), kernel))
+
+    def close(self) -> None:
+        self.census.close()
+
+    def take(self, pids: Iterable[int] | None) -> list[ThreadReport]:
+        """Every user thread of pids (None: of every process), now, the
+        longest-blocked first."""
+        self.census.set_pids(pids)
+        found = [t for t in self.census.take() if not t.kernel_thread]
+        self.symbolizer.processes.refresh({t.pid for t in found})
         out = []
-        for t in self.take():
-            if not self._wanted(t, state_mask) or t.since_ns is None:
-                continue
-            began = t.since_ns
-            state = t.state
-            if began <= start_ns:
-                state |= abi.STATE_BEFORE_START
-            frm = max(began, start_ns)
-            if end_ns <= frm or end_ns - began < min_ns or (max_ns and end_ns - began > max_ns):
-                continue
-            out.append(Record(
-                pid=t.pid, tid=t.tid, comm=t.comm, state=state,
-                user=self.user_stack(t) if user else NOT_REQUESTED,
-                kernel=t.kernel if kernel else NOT_REQUESTED,
-                count=1, total_ns=end_ns - frm, in_flight=True, kind=abi.KIND_BLOCKED))
+        for t in found:
+            user = self.census.user_stack(t) if not t.on_cpu else Stack(problem="running")
+            kframes = self.symbolizer.kernel_frames(t.kernel.ips) if t.kernel.ips else []
+            uframes = (self.symbolizer.user_frames(t.pid, user.ips) if user.ips else [])
+            out.append(ThreadReport(
+                pid=t.pid, tid=t.tid, comm=t.comm, state=_state(t),
+                off_cpu_s=None if t.off_cpu_ns is None else t.off_cpu_ns / 1e9,
+                since_ns=None if t.on_cpu else t.since_ns,
+                blocked_in=_blocked_in(t, kframes),
+                user=tuple(reversed(uframes)), kernel=tuple(reversed(kframes))))
+        out.sort(key=lambda r: (-(r.off_cpu_s or 0.0), r.pid, r.tid))
         return out
+
+
+def render(reports: Sequence[ThreadReport]) -> str:
+    """Text: a header line per thread, then its stack root first, indented."""
+    lines = []
+    for r in reports:
+        when = "" if r.off_cpu_s is None else f" for {r.off_cpu_s:.3f}s"
+        where = f" in {r.blocked_in}" if r.blocked_in else ""
+        lines.append(f"Thread {r.tid} ({r.comm}) of {r.pid}: {r.state}{where}{when}")
+        for f in (*r.user, *r.kernel):
+            lines.append(f"    {f.name}" + (" [k]" if f in r.kernel else ""))
+        lines.append("")
+    return "\n".join(lines)

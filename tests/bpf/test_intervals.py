@@ -3,9 +3,11 @@ intervals, a thread blocked for the whole run, and busy mixed threads."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
+import urllib.request
 from collections import defaultdict
 from pathlib import Path
 
@@ -28,19 +30,32 @@ def thread_names(pid: int) -> dict[int, str]:
     return out
 
 
-def test_each_interval_holds_the_time_that_passed_in_it(start_workload, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("offcpu_sample", [0.0, 0.001])  # the exact and the sampled program
+def test_each_interval_holds_the_time_that_passed_in_it(start_workload, tmp_path: Path,  # type: ignore[no-untyped-def]
+                                                        offcpu_sample: float) -> None:
     w = start_workload("long_block", 90)
     names = thread_names(w.pid)
     sleeper = next(t for t, n in names.items() if n == "sleeper")
     port = free_port()
     c = collector_at(tmp_path, port)
     try:
-        cfg = agent_cfg(tmp_path, port, w.pid, interval=INTERVAL_S, offcpu_sample=0.0,
-                        frequency=999)
+        metrics_port = free_port()
+        cfg = agent_cfg(tmp_path, port, w.pid, interval=INTERVAL_S, offcpu_sample=offcpu_sample,
+                        frequency=999, metrics_listen=f"127.0.0.1:{metrics_port}")
         with running_agent(cfg):
             time.sleep(1)
             os.kill(w.pid, signal.SIGUSR1)  # the sleeper blocks from now on
+            blocked_at = time.monotonic()
             time.sleep(6 * INTERVAL_S + 2)
+            # the census on request: the sleeper, blocked for as long as it has been
+            url = f"http://127.0.0.1:{metrics_port}/threads?min_blocked=30"
+            with urllib.request.urlopen(url, timeout=30) as r:
+                census = json.loads(r.read())["threads"]
+            asked = time.monotonic()
+        [longest] = [t for t in census if t["tid"] == sleeper]
+        assert longest["blocked_in"] == "hrtimer_nanosleep" and "block_long" in longest["user"]
+        assert abs(longest["off_cpu_seconds"] - (asked - blocked_at)) < 1.0, longest
+        assert all(t["off_cpu_seconds"] >= 30 for t in census)
         rows = c.store.query(0, time.time_ns() + 10**9, {}, None)
     finally:
         c.close()

@@ -93,6 +93,9 @@ class FakeProgram:
     def crossed(self) -> Sequence[tuple[int, abi.Crossed]]:
         return [(tid, abi.Crossed.from_buffer_copy(c)) for tid, c in self.crossed_.items()]
 
+    def in_flight(self) -> Sequence[abi.InFlight]:
+        return []
+
     def delete_crossed(self, tids: Sequence[int]) -> None:
         for tid in tids:
             del self.crossed_[tid]

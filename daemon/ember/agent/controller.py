@@ -13,6 +13,7 @@ SIGTERM/SIGINT detach, drain a last time, spool, try to flush, and exit 0.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
@@ -32,6 +33,7 @@ from ..symbols.diskcache import DiskSymbolCache
 from ..symbols.objects import ObjectCache
 from ..symbols.procmaps import ProcessTable, ProcFS
 from ..symbols.symbolizer import Symbolizer
+from ..threads import Dumper
 from . import sdnotify
 from .kube import pod_watcher
 from .labels import ProcessLabeler
@@ -72,6 +74,8 @@ class Agent:
         self.registry = registry or CollectorRegistry()
         self.metrics = AgentMetrics(self.registry)
         self.metrics.memory_limit.set(cfg.memory_limit)
+        # the drain and /threads share the symbolizer: one at a time
+        self._symbols_lock = threading.Lock()
         self.symbolizer = Symbolizer(ProcessTable(procfs or ProcFS()), objects=ObjectCache(
             max_bytes=symbol_budget(cfg.memory_limit, rss_bytes()), debug_dirs=cfg.debug_dirs,
             disk=_disk_cache(cfg)), lines=cfg.lines)
@@ -154,6 +158,10 @@ class Agent:
 
     def drain_once(self, final: bool = False, end_ns: int | None = None,
                    window_end_ns: int | None = None) -> int:
+        with self._symbols_lock:
+            return self._drain_once(final, end_ns, window_end_ns)
+
+    def _drain_once(self, final: bool, end_ns: int | None, window_end_ns: int | None) -> int:
         """One drain, stage by stage; returns the profiles exported. The final
         one (programs detached) charges blocks still in flight up to end_ns
         (monotonic), which is the window's end (window_end_ns, wall clock)."""
@@ -247,7 +255,29 @@ class Agent:
     def healthy(self) -> bool:
         return time.monotonic() - self.last_loop < 3 * self.cfg.interval + 10
 
-    def route(self, path: str, _query: dict[str, list[str]], _auth: str) -> Reply:
+    def threads(self, query: dict[str, list[str]]) -> Reply:
+        """/threads: the targets' threads now, the longest-blocked first
+        (``min_blocked`` seconds, ``limit``), as JSON."""
+        census = self.session.census
+        if census is None:
+            return 404, (b"no thread census: off-CPU profiling is off, or the census "
+                         b"program does not load here\n"), "text/plain"
+        try:
+            min_blocked = float(query.get("min_blocked", ["0"])[0])
+            limit = int(query.get("limit", ["100"])[0])
+            if not (min_blocked >= 0 and 1 <= limit <= 100_000):
+                raise ValueError
+        except ValueError:
+            return 400, (b"min_blocked: seconds >= 0; limit: 1 to 100000\n"), "text/plain"
+        with self._symbols_lock:
+            reports = Dumper(census, self.symbolizer).take(self.session.target_pids())
+        rows = [r.as_json() for r in reports
+                if r.off_cpu_s is not None and r.state not in ("running", "runnable")
+                and r.off_cpu_s >= min_blocked][:limit]
+        body = json.dumps({"host": os.uname().nodename, "threads": rows}).encode()
+        return 200, body, "application/json"
+
+    def route(self, path: str, query: dict[str, list[str]], _auth: str) -> Reply:
         if path == "/metrics":
             return 200, generate_latest(self.registry), CONTENT_TYPE_LATEST
         if path == "/healthz":
@@ -256,6 +286,8 @@ class Agent:
         if path == "/readyz":
             ok = self.attached and not self._closed
             return (200 if ok else 503), (b"ready\n" if ok else b"not ready\n"), "text/plain"
+        if path == "/threads":
+            return self.threads(query)
         return 404, b"not found\n", "text/plain"
 
 

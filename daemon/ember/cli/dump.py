@@ -20,9 +20,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..dump import Dumper, render
+    from ..threads import Dumper, render
 
-    dumper = Dumper(include_self=args.include_self)
+    dumper = Dumper.standalone(include_self=args.include_self)
     try:
         while True:
             reports = dumper.take(args.pid)

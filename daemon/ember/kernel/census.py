@@ -99,6 +99,7 @@ class ThreadNow:
     sp: int
     bp: int
     kernel: Stack
+    exec_start: int = 0        # the raw task clock value: changes whenever it runs
 
     @property
     def blocked(self) -> bool:
@@ -123,5 +124,5 @@ def threads(raw: Sequence[abi.Thread], clock: SchedClock) -> list[ThreadNow]:
             state=t.state, on_cpu=bool(t.flags & abi.THREAD_ON_CPU),
             kernel_thread=bool(t.flags & abi.THREAD_KERNEL),
             since_ns=clock.monotonic(t.cpu, t.exec_start), now_ns=t.now,
-            ip=t.ip, sp=t.sp, bp=t.bp, kernel=kernel))
+            ip=t.ip, sp=t.sp, bp=t.bp, kernel=kernel, exec_start=t.exec_start))
     return out

@@ -148,6 +148,7 @@ class DrainMaps(Protocol):
 
     def write_bound(self, epoch: int, ns: int) -> None: ...
     def crossed(self) -> Sequence[tuple[int, abi.Crossed]]: ...
+    def in_flight(self) -> Sequence[abi.InFlight]: ...
     def delete_crossed(self, tids: Sequence[int]) -> None: ...
     def write_epoch(self, epoch: int) -> None: ...
     def counts(self) -> Sequence[tuple[abi.Key, abi.Value]]: ...
@@ -195,13 +196,21 @@ def _comm(raw: bytes) -> str:
 
 class Drainer:
     def __init__(self, maps: DrainMaps, grace: GracePeriod | None = None, epoch: int = 0,
-                 clock: Callable[[], int] = time.monotonic_ns):
+                 clock: Callable[[], int] = time.monotonic_ns,
+                 walk_user: Callable[[int, int, int, int], Stack] | None = None):
         if maps.generations not in (2, 3):
             raise ValueError("stack generations must be 2 or 3")
         self.maps = maps
         self.grace = grace or GracePeriod()
         self.epoch = epoch
         self.clock = clock  # CLOCK_MONOTONIC: bpf_ktime_get_ns's clock
+        # (pid, ip, sp, bp) -> the user stack of a thread that is not running
+        # (unwind/remote.py): sampled blocks in flight have none of their own
+        self.walk_user = walk_user
+        # user stacks walked for blocks in flight, by (pid, ip, sp, bp): a
+        # thread still blocked in the same place has the same stack
+        self._walked: dict[tuple[int, int, int, int], Stack] = {}
+        self._walked_now: dict[tuple[int, int, int, int], Stack] = {}
         self.carried: dict[tuple[int, int], Stack | None] = {}
         self.bound = 0  # the boundary in effect: blocks are charged from here
         # (tid, start ts) of blocks in flight -> what they were charged up to
@@ -236,7 +245,8 @@ class Drainer:
                 cache[k] = self.maps.stack(se % self.maps.generations, sid)
             return cache[k]
 
-        in_map = range(e - self._keep, e + 1)  # epochs whose stack slots are intact now
+        # epochs whose stack slots are intact now (e + 1: the iterator's, just begun)
+        in_map = range(e - self._keep, e + 2)
         tracked = self.maps.charges_in_flight
 
         # 0. carry the stacks of blocks that outlive the slot cleared below
@@ -256,9 +266,13 @@ class Drainer:
                 self.maps.write_bound(e + 1, bound)
             self.maps.write_epoch(e + 1)
             self.grace.wait()
+        elif tracked and bound is not None:
+            self.maps.write_bound(e, bound)  # the programs are gone: the last one
         # the blocks in flight now, and those that ended since the flip
         pending = self.maps.starts() if tracked and not final else before
         crossed = self.maps.crossed() if tracked else []
+        # the sampled program's: claimed up to the boundary by its iterator
+        sampled = self.maps.in_flight() if tracked and bound is not None else []
         if tracked and not final:
             wakes = self.maps.wakes()
         refs += [(s.stack_epoch, s.user_stack_id, s.kernel_stack_id) for _, s in pending]
@@ -339,6 +353,9 @@ class Drainer:
                     if c.epoch == e + 1:  # ended after this flip, before the read above
                         self._charge(result, tid, c.start, c.wake_ts, bound, final, resolve,
                                      max_ns)
+            for f in sampled:
+                self._charge_sampled(result, f, final, resolve)
+            self._walked, self._walked_now = self._walked_now, {}
             self.charged = {k: v for k, v in self.charged.items() if v == bound}
             self.bound = bound
         if crossed:
@@ -354,6 +371,32 @@ class Drainer:
         result.stats.pending = len(pending)
         result.stats.duration_s = time.monotonic() - t0
         return result
+
+    def _charge_sampled(self, result: DrainResult, f: abi.InFlight, final: bool,
+                        resolve: Callable[[int, int], Stack]) -> None:
+        """A sampled block in flight, claimed by the program's iterator."""
+        if f.to_ns <= f.from_ns:
+            return
+        if not f.ip:
+            user = Stack(problem=STACK_NOT_REQUESTED)
+        elif self.walk_user is None:
+            user = Stack(problem=STACK_UNAVAILABLE)
+        else:
+            key = (f.pid, f.ip, f.sp, f.bp)
+            walked = self._walked.get(key) or self._walked_now.get(key)
+            if walked is None:
+                walked = self.walk_user(f.pid, f.ip, f.sp, f.bp)
+            user = self._walked_now[key] = walked
+        result.records.append(Record(
+            pid=f.pid, tid=f.tid, comm=_comm(f.comm), state=f.state, user=user,
+            kernel=resolve(f.stack_epoch, f.kernel_stack_id),
+            count=1 if final else 0, total_ns=f.to_ns - f.from_ns, in_flight=True,
+            kind=abi.KIND_BLOCKED))
+        result.stats.in_flight_ns += f.to_ns - f.from_ns
+        if f.state != abi.STATE_RUNNABLE:
+            result.stats.blocked_threads += 1
+            result.stats.longest_block_ns = max(result.stats.longest_block_ns,
+                                                f.to_ns - f.since_ns)
 
     def _charge(self, result: DrainResult, tid: int, st: abi.Start, wake_ts: int, upto: int,
                 final: bool, resolve: Callable[[int, int], Stack], max_ns: int) -> None:

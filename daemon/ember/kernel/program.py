@@ -77,7 +77,7 @@ class Program:
         self.runq_hist_map = (self._map("ember_runq_hist", ct.c_uint64, key=abi.HistKey)
                               if blocks else None)
         self.bounds_map = self._map("ember_bounds", ct.c_uint64, key=ct.c_uint32) \
-            if blocks else None
+            if blocks or self.block_sampling else None
         self.crossed_map = self._map("ember_crossed", abi.Crossed, key=ct.c_uint32) \
             if blocks else None
         # the table unwinder, when compiled in: its stacks and tables
@@ -153,8 +153,9 @@ class Program:
                 self._attach_fds.append(fd)
                 syscalls.perf_attach_bpf(fd, prog)
         elif hook.point.startswith("iter/"):
-            self._attach_fds.append(syscalls.iter_link(prog))
-            self._iter_link = self._attach_fds[-1]
+            # kept past detach(): the final drain still reads it
+            if self._iter_link is None:
+                self._iter_link = syscalls.iter_link(prog)
         elif hook.point.startswith("tracepoint/"):
             _, category, name = hook.point.split("/")
             fd = syscalls.perf_event_open(syscalls.PERF_TYPE_TRACEPOINT,
@@ -174,7 +175,6 @@ class Program:
     def detach(self) -> None:
         """Stop the programs (close their events and links, newest first);
         the maps stay readable until close()."""
-        self._iter_link = None
         while self._attach_fds:
             os.close(self._attach_fds.pop())
 
@@ -206,27 +206,67 @@ class Program:
                     return False  # the program saw this block begin
             except OSError:
                 pass  # no storage yet: the program never saw the thread
-            syscalls.map_update(fd, key, abi.Block(ts=start.ts, state=start.state))
+            syscalls.map_update(fd, key, abi.Block(ts=start.ts, charged=start.ts,
+                                                   state=start.state))
             return True
         except OSError:
             return False
         finally:
             os.close(pidfd)
 
+    def take_back_block(self, tid: int, start_ts: int) -> None:
+        """Undo put_block for a thread that ran meanwhile (its block was over
+        before it went in): remove it if it is still the one put in."""
+        if self.starts_map is not None:
+            key = ct.c_uint32(tid)
+            found = self.starts_map.lookup(key)
+            if found is not None and found.ts == start_ts:
+                self.starts_map.delete(key)
+            return
+        if "ember_blocks" not in self.built.maps:
+            return
+        try:
+            pidfd = syscalls.pidfd_open(tid, thread=True)
+        except OSError:
+            return
+        fd, key2 = self._fd("ember_blocks"), ct.c_int(pidfd)
+        try:
+            seen = abi.Block()
+            syscalls.map_lookup(fd, key2, seen)
+            if seen.ts == start_ts and not seen.weight_ns:
+                syscalls.map_update(fd, key2, abi.Block())
+        except OSError:
+            pass
+        finally:
+            os.close(pidfd)
+
     def census(self) -> list[abi.Thread]:
-        """Run the task iterator once (an attached census program): a
-        struct ember_thread per thread it kept."""
+        """Run the census program's task iterator once: a struct
+        ember_thread per thread it kept."""
+        return self._iterate(abi.Thread)
+
+    def in_flight(self) -> Sequence[abi.InFlight]:
+        """The sampled program's blocks in flight, charged up to the
+        boundary in effect (its task iterator claims them: run it once per
+        boundary)."""
+        return self._iterate(abi.InFlight) if self.block_sampling else []
+
+    def _iterate(self, record: Any) -> list[Any]:
         if self._iter_link is None:
             raise BpfError(f"{self.name}: no task iterator attached")
         try:
             data = syscalls.iter_read(self._iter_link)
         except OSError as exc:
-            raise BpfError(f"reading the thread census failed: {exc.strerror}") from None
-        size = ct.sizeof(abi.Thread)
-        return [abi.Thread.from_buffer_copy(data, i) for i in range(0, len(data) - size + 1, size)]
+            raise BpfError(f"{self.name}: reading its task iterator failed: "
+                           f"{exc.strerror}") from None
+        size = ct.sizeof(record)
+        return [record.from_buffer_copy(data, i) for i in range(0, len(data) - size + 1, size)]
 
     def close(self) -> None:
         self.detach()
+        if self._iter_link is not None:
+            os.close(self._iter_link)
+            self._iter_link = None
         self.new_pids.close()
         if self.unwind is not None:
             self.unwind.close()

@@ -169,8 +169,10 @@ PROGRAMS: tuple[ProgramKind, ...] = (
                  Hook("ember_sampled_resume_exit", SYS_EXIT_HOOK, optional=True,
                       unwind="resume_exit"),
                  Hook("ember_sampled_waking", "tp_btf/sched_waking"),
-                 Hook("ember_sampled_switch", "tp_btf/sched_switch", unwind="switch")),
-                generations=3, weight=1.5, block_sampling=True),
+                 Hook("ember_sampled_switch", "tp_btf/sched_switch", unwind="switch"),
+                 # run by each drain: the blocks in flight, charged up to it
+                 Hook("ember_sampled_census", "iter/task")),
+                generations=3, weight=1.5, block_sampling=True, reads_tasks=True),
     # Every block timed, split at the wakeup: off-CPU with sampling off, run
     # queue, wakeup and off-wake. sched_waking goes first so a block is never
     # seen switching in without its wakeup.
