@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import os
 import struct
+import time
 from pathlib import Path
 
 from .. import abi
@@ -28,6 +29,7 @@ from .tables import UnwindTable, cached_table, lookup
 log = logging.getLogger(__name__)
 
 _U64 = struct.Struct("<Q")
+MAPS_TTL_S = 1.0
 _PAIR = struct.Struct("<QQ")
 
 
@@ -38,6 +40,20 @@ class RemoteUnwinder:
         self.procfs = procfs or ProcFS()
         self.cache_dir = cache_dir
         self._objects: dict[tuple[str, int, int], tuple[UnwindTable, int] | None] = {}
+        # a process's maps, read once a second at most: a process with
+        # thousands of threads has thousands of stack mappings to parse
+        self._procs: dict[int, tuple[float, Process | None]] = {}
+
+    def _process(self, pid: int) -> Process | None:
+        now = time.monotonic()
+        hit = self._procs.get(pid)
+        if hit is not None and now - hit[0] < MAPS_TTL_S:
+            return hit[1]
+        if len(self._procs) > 4096:
+            self._procs = {p: v for p, v in self._procs.items() if now - v[0] < MAPS_TTL_S}
+        proc = self.procfs.read(pid)
+        self._procs[pid] = (now, proc)
+        return proc
 
     def _table(self, pid: int, proc: Process, ip: int) -> tuple[UnwindTable, int] | None:
         """The table covering ip and the bias from ip to the object's
@@ -69,7 +85,7 @@ class RemoteUnwinder:
         entered the kernel with."""
         if not ip:
             return Stack(problem="unavailable")
-        proc = self.procfs.read(pid)
+        proc = self._process(pid)
         if proc is None:
             return Stack(problem="missing")
         try:
