@@ -41,7 +41,7 @@ from .runtimes.cpython import Interpreters
 from .runtimes.pycode import PythonNames
 from .stacks import SampleBuilder
 from .symbols.kallsyms import KernelSymbols
-from .symbols.procmaps import ProcessWatcher
+from .symbols.procmaps import Process, ProcessWatcher
 from .symbols.symbolizer import Symbolizer
 from .threads import Census
 from .unwind import UNWINDERS
@@ -150,7 +150,9 @@ class Session:
         self._closed = False
         self.census: Census | None = None   # threads blocked before the start
         # user stacks of threads not running (sampled blocks in flight)
-        self.remote = RemoteUnwinder(symbolizer.processes.procfs)
+        self.remote = RemoteUnwinder(symbolizer.processes.procfs,
+                                     python=self._python_value if options.python_frames
+                                     else None)
         self._start_ns = 0
 
     @property
@@ -189,7 +191,8 @@ class Session:
             program.configure(o.bpf_config(kinds))
         if o.before_start and any(self._times_blocks(p) for p in self.pipelines):
             try:
-                self.census = Census(self.symbolizer.processes.procfs, o.include_self)
+                self.census = Census(self.symbolizer.processes.procfs, o.include_self,
+                                     self.remote)
             except BpfError as exc:
                 log.warning("threads blocked before the start will not be seen: the thread "
                             "census does not load here: %s", exc)
@@ -253,6 +256,9 @@ class Session:
         self.attached = True
         # threads blocked now that the programs did not see block: timed from now
         self._put_blocked(time.monotonic_ns())
+
+    def _python_value(self, proc: Process) -> abi.PyProc | None:
+        return self.python.interpreters.bpf_value(proc)
 
     def target_pids(self) -> set[int] | None:
         """The processes targeted by PID (None: every process, or targets

@@ -51,6 +51,11 @@ class SampleBuilder:
         self.lost_user = 0
         self.lost_kernel = 0
 
+    def frames(self, part: str, stack: Stack, pid: int, kernel_thread: bool) -> list[Frame]:
+        """Frames of one stack ("user" or "kernel"), root first, as samples
+        have them (ember dump shows stacks so)."""
+        return self._part(part, stack, pid, kernel_thread)
+
     def _part(self, part: str, stack: Stack, pid: int, kernel_thread: bool) -> list[Frame]:
         """Frames of one stack, root first."""
         if stack.problem == STACK_NOT_REQUESTED:

@@ -34,7 +34,10 @@ from .kernel.census import SchedClock, ThreadNow, threads
 from .kernel.drain import STACK_NOT_REQUESTED, Stack
 from .kernel.program import Program, self_tgid
 from .kernel.programs import program_kind
-from .model import Frame
+from .model import Frame, profile_kind
+from .runtimes.cpython import Interpreters
+from .runtimes.pycode import PythonNames
+from .stacks import SampleBuilder
 from .symbols.kallsyms import KernelSymbols
 from .symbols.procmaps import ProcessTable, ProcFS
 from .symbols.symbolizer import Symbolizer
@@ -51,11 +54,12 @@ BLOCKED_STATES = (abi.STATE_INTERRUPTIBLE | abi.STATE_UNINTERRUPTIBLE | abi.STAT
 class Census:
     """The census program, loaded, and what it is read for."""
 
-    def __init__(self, procfs: ProcFS | None = None, include_self: bool = False):
+    def __init__(self, procfs: ProcFS | None = None, include_self: bool = False,
+                 unwinder: RemoteUnwinder | None = None):
         self.program = Program(program_kind("census"))
         self.include_self = include_self
         self.clock = SchedClock()
-        self.unwinder = RemoteUnwinder(procfs)
+        self.unwinder = unwinder or RemoteUnwinder(procfs)
         self._next_id = 0
         self.start_ns = 0  # threads blocked before this are marked so
         try:
@@ -86,7 +90,7 @@ class Census:
     def user_stack(self, t: ThreadNow) -> Stack:
         if t.kernel_thread:
             return Stack(problem="unavailable")
-        return self.unwinder.walk(t.pid, t.ip, t.sp, t.bp)
+        return self.unwinder.walk(t.pid, t.ip, t.sp, t.bp, t.tid)
 
     # --- at the start ---
     def put_blocked(self, programs: Sequence[Program], start_ns: int, state_mask: int,
@@ -184,9 +188,12 @@ def _blocked_in(t: ThreadNow, kernel: Sequence[Frame]) -> str:
 class Dumper:
     """A census and the symbols to name what it finds; reusable (--watch)."""
 
-    def __init__(self, census: Census, symbolizer: Symbolizer):
+    def __init__(self, census: Census, symbolizer: Symbolizer,
+                 python: PythonNames | None = None):
         self.census = census
         self.symbolizer = symbolizer
+        # names frames as samples do (Python frames in place of the loop's)
+        self.frames = SampleBuilder(symbolizer, profile_kind("offcpu"), python=python)
 
     @classmethod
     def standalone(cls, include_self: bool = False) -> Dumper:
@@ -197,7 +204,10 @@ class Dumper:
         except SymbolizationError as exc:  # kernel frames stay addresses
             log.warning("%s", exc)
             kernel = None
-        return cls(Census(procfs, include_self), Symbolizer(ProcessTable(procfs), kernel))
+        python = PythonNames(Interpreters(procfs))
+        unwinder = RemoteUnwinder(procfs, python=python.interpreters.bpf_value)
+        return cls(Census(procfs, include_self, unwinder),
+                   Symbolizer(ProcessTable(procfs), kernel), python)
 
     def close(self) -> None:
         self.census.close()
@@ -210,15 +220,16 @@ class Dumper:
         self.symbolizer.processes.refresh({t.pid for t in found})
         out = []
         for t in found:
-            user = self.census.user_stack(t) if not t.on_cpu else Stack(problem="running")
-            kframes = self.symbolizer.kernel_frames(t.kernel.ips) if t.kernel.ips else []
-            uframes = (self.symbolizer.user_frames(t.pid, user.ips) if user.ips else [])
+            user = (self.census.user_stack(t) if not t.on_cpu
+                    else Stack(problem=STACK_NOT_REQUESTED))
+            kframes = self.frames.frames("kernel", t.kernel, t.pid, False)
+            uframes = self.frames.frames("user", user, t.pid, False)
             out.append(ThreadReport(
                 pid=t.pid, tid=t.tid, comm=t.comm, state=_state(t),
                 off_cpu_s=None if t.off_cpu_ns is None else t.off_cpu_ns / 1e9,
                 since_ns=None if t.on_cpu else t.since_ns,
-                blocked_in=_blocked_in(t, kframes),
-                user=tuple(reversed(uframes)), kernel=tuple(reversed(kframes))))
+                blocked_in=_blocked_in(t, kframes[::-1]),
+                user=tuple(uframes), kernel=tuple(kframes)))
         out.sort(key=lambda r: (-(r.off_cpu_s or 0.0), r.pid, r.tid))
         return out
 

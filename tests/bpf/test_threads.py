@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.pythons import DEBIAN_311
+
 pytestmark = pytest.mark.bpf
 
 EMBER = [sys.executable, "-m", "ember.cli"]
@@ -85,3 +87,42 @@ def test_dump_states_blocking_functions_and_since(start_workload) -> None:  # ty
     finally:
         proc.kill()
         proc.wait()
+
+
+NAPPER = """\
+import time
+
+
+def nap_long():
+    time.sleep(120)
+
+
+print("ready", flush=True)
+nap_long()
+"""
+
+
+@pytest.mark.parametrize("sample_us", [1000, 0])  # the sampled and the exact program
+def test_python_thread_blocked_since_before_the_start(tmp_path: Path, sample_us: int) -> None:
+    """Debian's python3.11 asleep in nap_long since 10 s before the record:
+    its time is off-CPU under the Python function, walked from its registers
+    with its Python frames."""
+    script = tmp_path / "napper.py"
+    script.write_text(NAPPER)
+    proc = subprocess.Popen([DEBIAN_311, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        time.sleep(10)
+        out = tmp_path / "off.folded"
+        r = subprocess.run([*EMBER, "record", "--mode", "offcpu", "--pid", str(proc.pid),
+                            "--duration", str(RECORD_S), "--sample-us", str(sample_us),
+                            "-o", str(out)], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+    finally:
+        proc.kill()
+        proc.wait()
+    lines = [line.rsplit(" ", 1) for line in out.read_text().splitlines()]
+    napping = [(s, int(v)) for s, v in lines if "nap_long" in s]
+    assert napping, out.read_text()
+    assert all(s.endswith("[blocked since before the start]") for s, _ in napping), napping
+    assert sum(v for _, v in napping) >= 0.95 * RECORD_S * 1e6, napping

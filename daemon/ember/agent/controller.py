@@ -270,7 +270,8 @@ class Agent:
         except ValueError:
             return 400, (b"min_blocked: seconds >= 0; limit: 1 to 100000\n"), "text/plain"
         with self._symbols_lock:
-            reports = Dumper(census, self.symbolizer).take(self.session.target_pids())
+            reports = Dumper(census, self.symbolizer, self.session.python).take(
+                self.session.target_pids())
         rows = [r.as_json() for r in reports
                 if r.off_cpu_s is not None and r.state not in ("running", "runnable")
                 and r.off_cpu_s >= min_blocked][:limit]

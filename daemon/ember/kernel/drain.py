@@ -197,20 +197,20 @@ def _comm(raw: bytes) -> str:
 class Drainer:
     def __init__(self, maps: DrainMaps, grace: GracePeriod | None = None, epoch: int = 0,
                  clock: Callable[[], int] = time.monotonic_ns,
-                 walk_user: Callable[[int, int, int, int], Stack] | None = None):
+                 walk_user: Callable[[int, int, int, int, int], Stack] | None = None):
         if maps.generations not in (2, 3):
             raise ValueError("stack generations must be 2 or 3")
         self.maps = maps
         self.grace = grace or GracePeriod()
         self.epoch = epoch
         self.clock = clock  # CLOCK_MONOTONIC: bpf_ktime_get_ns's clock
-        # (pid, ip, sp, bp) -> the user stack of a thread that is not running
+        # (pid, ip, sp, bp, tid) -> the user stack of a thread that is not running
         # (unwind/remote.py): sampled blocks in flight have none of their own
         self.walk_user = walk_user
-        # user stacks walked for blocks in flight, by (pid, ip, sp, bp): a
+        # user stacks walked for blocks in flight, by (pid, ip, sp, bp, tid): a
         # thread still blocked in the same place has the same stack
-        self._walked: dict[tuple[int, int, int, int], Stack] = {}
-        self._walked_now: dict[tuple[int, int, int, int], Stack] = {}
+        self._walked: dict[tuple[int, int, int, int, int], Stack] = {}
+        self._walked_now: dict[tuple[int, int, int, int, int], Stack] = {}
         self.carried: dict[tuple[int, int], Stack | None] = {}
         self.bound = 0  # the boundary in effect: blocks are charged from here
         # (tid, start ts) of blocks in flight -> what they were charged up to
@@ -382,10 +382,10 @@ class Drainer:
         elif self.walk_user is None:
             user = Stack(problem=STACK_UNAVAILABLE)
         else:
-            key = (f.pid, f.ip, f.sp, f.bp)
+            key = (f.pid, f.ip, f.sp, f.bp, f.tid)
             walked = self._walked.get(key) or self._walked_now.get(key)
             if walked is None:
-                walked = self.walk_user(f.pid, f.ip, f.sp, f.bp)
+                walked = self.walk_user(*key)
             user = self._walked_now[key] = walked
         result.records.append(Record(
             pid=f.pid, tid=f.tid, comm=_comm(f.comm), state=f.state, user=user,

@@ -7,7 +7,11 @@ them with the same tables and the same rules as bpf/unwind_dwarf.h, reading
 the process's memory through /proc/PID/mem: CFA from rsp or rbp, the return
 address at CFA-8, rbp restored where the table saved it, frame pointers where
 no table covers the code. It stops where the BPF walker would, and says why
-(Stack.cut). Python frames are not read here.
+(Stack.cut). CPython's frames are put in as the BPF walker puts them
+(bpf/unwind_python.h, the same two slots per frame after each interpreter-
+loop frame) when the process is an interpreter ember knows (``python``:
+pid -> its ember_py_procs value) of 3.11 or later (3.10 names its threads
+by their fs base, which only the kernel knows).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import logging
 import os
 import struct
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from .. import abi
@@ -36,9 +41,11 @@ _PAIR = struct.Struct("<QQ")
 class RemoteUnwinder:
     """User stacks of stopped threads; object tables kept by (path, offset)."""
 
-    def __init__(self, procfs: ProcFS | None = None, cache_dir: Path | None = None):
+    def __init__(self, procfs: ProcFS | None = None, cache_dir: Path | None = None,
+                 python: Callable[[Process], abi.PyProc | None] | None = None):
         self.procfs = procfs or ProcFS()
         self.cache_dir = cache_dir
+        self.python = python
         self._objects: dict[tuple[str, int, int], tuple[UnwindTable, int] | None] = {}
         # a process's maps, read once a second at most: a process with
         # thousands of threads has thousands of stack mappings to parse
@@ -80,9 +87,9 @@ class RemoteUnwinder:
             self._objects[key] = found
         return self._objects[key]
 
-    def walk(self, pid: int, ip: int, sp: int, bp: int) -> Stack:
+    def walk(self, pid: int, ip: int, sp: int, bp: int, tid: int = 0) -> Stack:
         """The user stack leaf first, from the registers a blocked thread
-        entered the kernel with."""
+        (tid, for its Python frames) entered the kernel with."""
         if not ip:
             return Stack(problem="unavailable")
         proc = self._process(pid)
@@ -93,11 +100,15 @@ class RemoteUnwinder:
         except OSError:
             return Stack((ip,), cut=CUT_REASONS[abi.UnwindEnd.READ_FAILED])
         try:
-            return self._walk(mem, pid, proc, ip, sp, bp)
+            py = self.python(proc) if self.python is not None and tid else None
+            if py is not None and py.thread_match != abi.PY_MATCH_TID:
+                py = None
+            return self._walk(mem, pid, proc, ip, sp, bp, py, tid)
         finally:
             os.close(mem)
 
-    def _walk(self, mem: int, pid: int, proc: Process, ip: int, sp: int, bp: int) -> Stack:
+    def _walk(self, mem: int, pid: int, proc: Process, ip: int, sp: int, bp: int,
+              py: abi.PyProc | None, tid: int) -> Stack:
         ips: list[int] = []
 
         def read(fmt: struct.Struct, addr: int) -> tuple[int, ...] | None:
@@ -106,6 +117,8 @@ class RemoteUnwinder:
             except OSError:
                 return None
             return fmt.unpack(data) if len(data) == fmt.size else None
+
+        py_frame = _py_current_frame(read, py, tid) if py is not None else 0
 
         def end(reason: int) -> Stack:
             return Stack(tuple(ips), cut=CUT_REASONS.get(reason))
@@ -155,4 +168,63 @@ class RemoteUnwinder:
                 bp = 0
             if not ra:
                 return Stack(tuple(ips))
+            if py is not None and py_frame and _in_eval(py, ip):
+                py_frame = _py_frames(read, py, py_frame, ips)
             ip, sp = ra, cfa
+
+
+Reader = Callable[[struct.Struct, int], "tuple[int, ...] | None"]
+
+
+def _ptr(read: Reader, addr: int) -> int:
+    got = read(_U64, addr) if addr else None
+    return got[0] if got else 0
+
+
+def _py_current_frame(read: Reader, py: abi.PyProc, tid: int) -> int:
+    """Thread tid's innermost Python frame (0: it has no thread state)."""
+    interp = _ptr(read, py.interp_head)
+    ts = _ptr(read, interp + py.interp_threads) if interp else 0
+    for _ in range(abi.PY_THREAD_STEPS * 32):
+        if not ts or _ptr(read, ts + py.tstate_tid) == tid:
+            break
+        ts = _ptr(read, ts + py.tstate_next)
+    if not ts:
+        return 0
+    frame = _ptr(read, ts + py.tstate_frame)
+    if frame and py.cframe_frame != abi.PY_NO_CFRAME:
+        frame = _ptr(read, frame + py.cframe_frame)
+    return frame
+
+
+def _in_eval(py: abi.PyProc, ip: int) -> bool:
+    return any(py.eval_start[i] <= ip < py.eval_end[i] for i in range(2))
+
+
+_U8 = struct.Struct("<B")
+_U32 = struct.Struct("<I")
+
+
+def _py_frames(read: Reader, py: abi.PyProc, frame: int, ips: list[int]) -> int:
+    """Append the Python frames of one interpreter-loop call (two slots
+    each, as bpf/unwind_python.h does); the frame the next call starts at."""
+    while frame and len(ips) + 2 <= abi.MAX_STACK_DEPTH:
+        previous = _ptr(read, frame + py.frame_previous)
+        code = _ptr(read, frame + py.frame_code)
+        instr = _ptr(read, frame + py.frame_instr)
+        got = read(_U8, frame + py.frame_entry)
+        if not code or got is None:
+            return 0
+        entry = got[0]
+        if py.entry == abi.PY_ENTRY_OWNER and entry == py.owned_by_cstack:
+            return previous  # the shim below the call's first frame
+        first = read(_U32, code + py.code_firstlineno)
+        base = code + py.code_adaptive
+        index = (instr - base) >> 1 if instr >= base else 0
+        ips.append(abi.PY_CODE | (code & ~abi.PY_TAG & 0xFFFF_FFFF_FFFF_FFFF))
+        ips.append(abi.PY_INSTR | ((first[0] if first else 0) & 0x3FFF_FFFF) << 32
+                   | (index & 0xFFFF_FFFF))
+        frame = previous
+        if py.entry == abi.PY_ENTRY_IS_ENTRY and entry:
+            return frame  # the call's first frame
+    return frame
