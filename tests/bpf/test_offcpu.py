@@ -48,12 +48,15 @@ def test_state_filter_and_thresholds(start_workload) -> None:  # type: ignore[no
     profile, rec = record(RecordOptions(mode="offcpu", pids=(w.pid,), duration=1.5, state=2))
     assert not where(profile, lambda s: s.thread_name == "waiter")
     assert rec.stats.kernel["state_filtered"] > 0
-    # blocks of 25 ms or more: only the 30 ms sleeps remain
+    # blocks of 25 ms or more: the 30 ms sleeps remain, the 20 ms epoll waits
+    # go, but for one stretched past 25 ms by a busy host (a clean-clone run
+    # beside other work saw 3.2% of the time in such waits: a vCPU stolen for
+    # over 5 ms delays the timer's wakeup)
     profile, rec = record(RecordOptions(mode="offcpu", pids=(w.pid,), duration=1.5,
                                         min_block_us=25_000))
     shares = inclusive(where(profile, lambda s: s.thread_name == "waiter"),
                        ["wait_epoll", "wait_sleep"], 1)
-    assert shares["wait_epoll"] == 0 and shares["wait_sleep"] == 100
+    assert shares["wait_epoll"] <= 10 and shares["wait_sleep"] >= 90, shares
     assert rec.stats.kernel["below_min"] > 0
 
 
