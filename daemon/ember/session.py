@@ -153,7 +153,6 @@ class Session:
         self.remote = RemoteUnwinder(symbolizer.processes.procfs,
                                      python=self._python_value if options.python_frames
                                      else None)
-        self._start_ns = 0
 
     @property
     def kinds(self) -> list[ProfileKind]:
@@ -249,7 +248,7 @@ class Session:
         elif self.unwind is not None and not self._filtered:
             # the whole host: every process's tables, in the background
             self.unwind.submit_all(exclude=() if self.options.include_self else [os.getpid()])
-        start = self._start_ns = time.monotonic_ns()  # off-CPU time is charged from here
+        start = time.monotonic_ns()  # off-CPU time is charged from here
         for p in self.pipelines:
             p.drainer.begin(start)
             p.program.attach(self.options.frequency, self.options.optional_hooks)

@@ -11,7 +11,8 @@ import logging
 import os
 import select
 import time
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from .. import abi
@@ -191,52 +192,58 @@ class Program:
             except OSError:
                 return False
             return True
-        if "ember_blocks" not in self.built.maps:
-            return False
-        try:
-            pidfd = syscalls.pidfd_open(tid, thread=True)
-        except OSError:
-            return False
-        fd, key = self._fd("ember_blocks"), ct.c_int(pidfd)
-        try:
-            seen = abi.Block()
+        with self._task_block(tid) as found:
+            if found is None:
+                return False
+            fd, key = found
             try:
-                syscalls.map_lookup(fd, key, seen)
-                if seen.ts or seen.weight_ns:
-                    return False  # the program saw this block begin
+                seen = abi.Block()
+                try:
+                    syscalls.map_lookup(fd, key, seen)
+                    if seen.ts or seen.weight_ns:
+                        return False  # the program saw this block begin
+                except OSError:
+                    pass  # no storage yet: the program never saw the thread
+                syscalls.map_update(fd, key, abi.Block(ts=start.ts, charged=start.ts,
+                                                       state=start.state))
+                return True
             except OSError:
-                pass  # no storage yet: the program never saw the thread
-            syscalls.map_update(fd, key, abi.Block(ts=start.ts, charged=start.ts,
-                                                   state=start.state))
-            return True
-        except OSError:
-            return False
-        finally:
-            os.close(pidfd)
+                return False
 
     def take_back_block(self, tid: int, start_ts: int) -> None:
         """Undo put_block for a thread that ran meanwhile (its block was over
         before it went in): remove it if it is still the one put in."""
         if self.starts_map is not None:
-            key = ct.c_uint32(tid)
-            found = self.starts_map.lookup(key)
-            if found is not None and found.ts == start_ts:
-                self.starts_map.delete(key)
+            started = self.starts_map.lookup(ct.c_uint32(tid))
+            if started is not None and started.ts == start_ts:
+                self.starts_map.delete(ct.c_uint32(tid))
             return
+        with self._task_block(tid) as found:
+            if found is None:
+                return
+            fd, key = found
+            try:
+                seen = abi.Block()
+                syscalls.map_lookup(fd, key, seen)
+                if seen.ts == start_ts and not seen.weight_ns:
+                    syscalls.map_update(fd, key, abi.Block())
+            except OSError:
+                pass
+
+    @contextmanager
+    def _task_block(self, tid: int) -> Iterator[tuple[int, ct.c_int] | None]:
+        """The sampled program's task storage map and thread tid's key in it
+        (a thread pidfd, open for the block); None: no such map or thread."""
         if "ember_blocks" not in self.built.maps:
+            yield None
             return
         try:
             pidfd = syscalls.pidfd_open(tid, thread=True)
         except OSError:
+            yield None
             return
-        fd, key2 = self._fd("ember_blocks"), ct.c_int(pidfd)
         try:
-            seen = abi.Block()
-            syscalls.map_lookup(fd, key2, seen)
-            if seen.ts == start_ts and not seen.weight_ns:
-                syscalls.map_update(fd, key2, abi.Block())
-        except OSError:
-            pass
+            yield self._fd("ember_blocks"), ct.c_int(pidfd)
         finally:
             os.close(pidfd)
 
