@@ -15,8 +15,26 @@ import enum
 from collections.abc import Iterable, Sequence
 from collections.abc import Mapping as MappingABC
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from . import abi
+
+_T = TypeVar("_T")
+
+#: The deepest stack an encoder, a view or the collector keeps. A deeper one
+#: (a runaway recursion, a hostile profile) keeps its leafmost frames under a
+#: root ``[truncated]`` frame, as the BPF walkers' truncated stacks do: the
+#: leaf is where the time is.
+MAX_STACK_DEPTH = 2048
+TRUNCATED = "[truncated]"
+
+
+def cap_depth(stack: Sequence[_T], marker: _T, limit: int = MAX_STACK_DEPTH) -> Sequence[_T]:
+    """A root-first stack of at most ``limit`` entries: the stack itself when
+    it fits, else ``marker`` followed by its ``limit - 1`` leafmost entries."""
+    if len(stack) <= limit:
+        return stack
+    return [marker, *stack[len(stack) - limit + 1:]]
 
 
 class FrameKind(enum.StrEnum):

@@ -15,7 +15,7 @@ from .kernel.drain import (
     Record,
     Stack,
 )
-from .model import Frame, FrameKind, ProfileKind, Sample
+from .model import TRUNCATED, Frame, FrameKind, ProfileKind, Sample
 from .runtimes.pycode import PythonNames, is_python
 from .symbols.symbolizer import Symbolizer
 
@@ -76,7 +76,7 @@ class SampleBuilder:
         kind = FrameKind.USER if part == "user" else FrameKind.KERNEL
         if stack.truncated:
             self.truncated += 1
-            frames.insert(0, Frame.marker("[truncated]", kind))
+            frames.insert(0, Frame.marker(TRUNCATED, kind))
         elif stack.cut is not None:
             # the table walk stopped short of the root, and says why
             self.cut += 1
