@@ -76,6 +76,11 @@ class ShipCounters:
     send_failures: Counter
     spool_dropped: Counter
     spool_dropped_bytes: Counter
+    # children of the wire-labelled spool metrics below
+    quarantined: Counter
+    write_errors: Counter
+    held_bytes: Gauge
+    oldest_age: Gauge
 
 
 class AgentMetrics:
@@ -150,10 +155,12 @@ class AgentMetrics:
         self.spool_batches = Gauge("ember_spool_batches", "Requests waiting in the spool",
                                    registry=r)
         self.spool_dropped = Counter("ember_spool_dropped_profiles_total",
-                                     "Profiles dropped because the spool was full", registry=r)
+                                     "Profiles dropped: the spool over spool_max_size, the "
+                                     "memory holding what a full disk refused over "
+                                     "spool_memory_max, or refused by the collector for good",
+                                     registry=r)
         self.spool_dropped_bytes = Counter("ember_spool_dropped_bytes_total",
-                                           "Bytes dropped because the spool was full",
-                                           registry=r)
+                                           "Bytes of those dropped requests", registry=r)
         self.map_fill = Gauge("ember_bpf_map_fill_ratio",
                               "Entries over capacity at the last drain", ["type", "map"],
                               registry=r)
@@ -170,13 +177,34 @@ class AgentMetrics:
         self.cache_evictions = Counter("ember_cache_evictions_total",
                                        "Entries a cache gave up to stay within its bound",
                                        ["cache"], registry=r)
+        self.spool_quarantined = Counter(
+            "ember_spool_quarantined_total",
+            "Spooled requests that could not be read or decoded, moved to the spool's "
+            "quarantine/ folder", ["wire"], registry=r)
+        self.spool_write_errors = Counter(
+            "ember_spool_write_errors_total",
+            "Spool writes the disk refused (full, read-only, I/O error): the request is held "
+            "in memory instead", ["wire"], registry=r)
+        self.spool_held_bytes = Gauge(
+            "ember_spool_held_bytes",
+            "Requests held in memory because the spool's disk refused them", ["wire"],
+            registry=r)
+        self.spool_oldest_age = Gauge(
+            "ember_spool_oldest_age_seconds",
+            "How long the oldest waiting request has waited (0: none waits)", ["wire"],
+            registry=r)
         #: what each shipper counts, by wire
         self.shipping = {
-            "writeraw": ShipCounters(self.profiles_sent, self.bytes_sent, self.send_failures,
-                                     self.spool_dropped, self.spool_dropped_bytes),
-            "otlp": ShipCounters(self.otlp_sent, self.otlp_bytes_sent, self.otlp_failures,
-                                 self.otlp_dropped, self.otlp_dropped_bytes),
-        }
+            wire: ShipCounters(sent, sent_bytes, failures, dropped, dropped_bytes,
+                               self.spool_quarantined.labels(wire),
+                               self.spool_write_errors.labels(wire),
+                               self.spool_held_bytes.labels(wire),
+                               self.spool_oldest_age.labels(wire))
+            for wire, sent, sent_bytes, failures, dropped, dropped_bytes in (
+                ("writeraw", self.profiles_sent, self.bytes_sent, self.send_failures,
+                 self.spool_dropped, self.spool_dropped_bytes),
+                ("otlp", self.otlp_sent, self.otlp_bytes_sent, self.otlp_failures,
+                 self.otlp_dropped, self.otlp_dropped_bytes))}
         self.errors = Counter("ember_errors_total", "Errors by kind", ["reason"], registry=r)
         for err in ALL_ERRORS:
             self.errors.labels(err.label)

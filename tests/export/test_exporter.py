@@ -26,8 +26,9 @@ def test_each_wire_spools_its_own_requests(tmp_path: Path) -> None:
     assert out["otlp"].spool.dir == tmp_path / "spool" / "otlp"
     for e in out.values():
         e.export([labelled(1), labelled(2)])
-    [(_, wr)] = [out["writeraw"].spool.oldest() or (None, b"")]
-    [(_, ot)] = [out["otlp"].spool.oldest() or (None, b"")]
+    wr_entry, ot_entry = out["writeraw"].spool.oldest(), out["otlp"].spool.oldest()
+    assert wr_entry is not None and ot_entry is not None
+    wr, ot = wr_entry.data, ot_entry.data
     assert writeraw.profiles_in(wr) == 2
     assert otlp.profiles_in(ot) == 2 * len(cpu_profile().type.sample_types)
 

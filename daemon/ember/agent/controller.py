@@ -46,6 +46,9 @@ log = logging.getLogger(__name__)
 #: The controller's loop: SIGHUP, target rules and drains are checked this
 #: often (new processes are the session's watcher thread's, at once).
 LOOP_INTERVAL = 0.5
+#: /healthz turns unhealthy when a spooled request has waited this many
+#: intervals (at least a minute).
+SHIP_STALL_INTERVALS = 5
 
 
 def session_options(cfg: config.AgentConfig) -> SessionOptions:
@@ -251,9 +254,34 @@ class Agent:
                 self._http.shutdown()
                 self._http.server_close()
 
-    # --- health endpoint ---
-    def healthy(self) -> bool:
-        return time.monotonic() - self.last_loop < 3 * self.cfg.interval + 10
+    # --- health endpoints ---
+    def liveness(self) -> list[str]:
+        """What restarting the agent would fix: a stuck loop, a dead thread."""
+        problems = []
+        if time.monotonic() - self.last_loop > 3 * self.cfg.interval + 10:
+            problems.append(f"the drain loop has not run for "
+                            f"{time.monotonic() - self.last_loop:.0f}s")
+        if self.attached and not self._closed:
+            problems += [f"{name} shipper thread is not running"
+                         for name, e in self.exporters.items() if not e.shipper.alive()]
+        return problems
+
+    def health(self) -> list[str]:
+        """liveness() and what needs a person: profiles not leaving the host.
+        A request waiting longer than SHIP_STALL_INTERVALS intervals means
+        the backend has refused or not answered that long."""
+        problems = self.liveness()
+        limit = max(SHIP_STALL_INTERVALS * self.cfg.interval, 60.0)
+        for name, e in self.exporters.items():
+            age = e.spool.oldest_age_ns() / 1e9
+            if age > limit:
+                why = e.shipper.last_error or "not sent yet"
+                problems.append(f"{name}: the oldest spooled request has waited {age:.0f}s "
+                                f"(last error: {why}; spool {e.spool.dir})")
+            if e.spool.last_write_error:
+                problems.append(f"{name}: the spool cannot write ({e.spool.last_write_error}); "
+                                f"{e.spool.held_bytes()} bytes held in memory")
+        return problems
 
     def threads(self, query: dict[str, list[str]]) -> Reply:
         """/threads: the targets' threads now, the longest-blocked first
@@ -281,9 +309,11 @@ class Agent:
     def route(self, path: str, query: dict[str, list[str]], _auth: str) -> Reply:
         if path == "/metrics":
             return 200, generate_latest(self.registry), CONTENT_TYPE_LATEST
-        if path == "/healthz":
-            ok = self.healthy()
-            return (200 if ok else 503), (b"ok\n" if ok else b"stalled\n"), "text/plain"
+        if path in ("/healthz", "/livez"):
+            problems = self.health() if path == "/healthz" else self.liveness()
+            if problems:
+                return 503, "".join(f"{p}\n" for p in problems).encode(), "text/plain"
+            return 200, b"ok\n", "text/plain"
         if path == "/readyz":
             ok = self.attached and not self._closed
             return (200 if ok else 503), (b"ready\n" if ok else b"not ready\n"), "text/plain"

@@ -194,6 +194,10 @@ class AgentConfig:
     spool_max_size: int = field(default=256 << 20, metadata=opt(
         "Spool size limit; past it the oldest profiles are dropped (and counted).", "size",
         1 << 20))
+    spool_memory_max: int = field(default=32 << 20, metadata=opt(
+        "When the spool's disk refuses writes (full, read-only), requests are held in memory "
+        "up to this size and written once it accepts them again; past it the oldest held "
+        "are dropped (and counted).", "size", 0))
     send_timeout: float = field(default=10.0, metadata=opt(
         "Deadline of one WriteRaw call.", "duration", 0.1, 600, reloadable=True))
     max_backoff: float = field(default=60.0, metadata=opt(
@@ -239,10 +243,16 @@ class CollectorConfig:
     retention: float = field(default=7 * 86400.0, metadata=opt(
         "Profiles older than this are deleted.", "duration", 60, 86400 * 3650))
     max_storage_size: int = field(default=1 << 30, metadata=opt(
-        "Past this database size, the oldest profiles are deleted.", "size", 1 << 20))
+        "Past this size (the database with its write-ahead log), the oldest profiles are "
+        "deleted, checked at every write.", "size", 1 << 20))
     max_request_size: int = field(default=16 << 20, metadata=opt(
         "Largest WriteRaw request accepted; larger ones are rejected.", "size", 1 << 16,
         1 << 30))
+    max_concurrent_writes: int = field(default=64, metadata=opt(
+        "WriteRaw calls served or queued at once; past it a call is refused with "
+        "RESOURCE_EXHAUSTED, which agents retry after a jittered backoff (nothing is "
+        "dropped). Bounds the memory requests in flight take: this times max_request_size.",
+        "int", 1, 100_000))
     max_profile_size: int = field(default=64 << 20, metadata=opt(
         "Largest decompressed pprof accepted (a gzip bomb is rejected).", "size", 1 << 16,
         1 << 31))

@@ -22,13 +22,23 @@ from .spool import Spool
 MAX_REQUEST_BYTES = 4 << 20
 
 
+def flush_jitter(interval: float) -> float:
+    """How long a fresh request may wait before it is sent: up to a tenth
+    of the interval (at most 5 s), so the agents of a fleet whose drains
+    line up reach the collector spread over that time, not at once."""
+    return min(5.0, interval / 10)
+
+
 class Exporter:
     def __init__(self, wire: Wire, spool: Spool, endpoint: Endpoint, metrics: AgentMetrics,
-                 max_backoff: float):
+                 max_backoff: float, jitter: float = 0.0):
         self.wire = wire
         self.spool = spool
-        self.counters = metrics.shipping[wire.name]
-        self.shipper = Shipper(spool, endpoint, metrics, max_backoff, wire=wire)
+        self.counters = c = metrics.shipping[wire.name]
+        spool.on_quarantine, spool.on_write_error = c.quarantined.inc, c.write_errors.inc
+        c.held_bytes.set_function(lambda: spool.held_bytes())
+        c.oldest_age.set_function(lambda: spool.oldest_age_ns() / 1e9)
+        self.shipper = Shipper(spool, endpoint, metrics, max_backoff, wire=wire, jitter=jitter)
 
     def export(self, profiles: Sequence[Profile]) -> None:
         """Encode and spool (the shipper thread sends)."""
@@ -60,6 +70,12 @@ def exporters(cfg: AgentConfig, metrics: AgentMetrics) -> dict[str, Exporter]:
     for name in cfg.exporters:
         wire = WIRES[name]
         directory = Path(cfg.spool_dir) if name == "writeraw" else Path(cfg.spool_dir) / name
-        spool = Spool(directory, cfg.spool_max_size, count_profiles=wire.count)
-        out[name] = Exporter(wire, spool, endpoint(cfg, name), metrics, cfg.max_backoff)
+        try:
+            spool = Spool(directory, cfg.spool_max_size, count_profiles=wire.count,
+                          memory_max=cfg.spool_memory_max)
+        except OSError as exc:
+            raise ConfigError(f"agent.spool_dir: cannot use {directory}: "
+                              f"{exc.strerror or exc}") from None
+        out[name] = Exporter(wire, spool, endpoint(cfg, name), metrics, cfg.max_backoff,
+                             jitter=flush_jitter(cfg.interval))
     return out
