@@ -16,8 +16,10 @@
     │   ├── DwarfError              dwarf          no, malformed or unreadable DWARF
     │   └── UnwindTableError        unwind         no, malformed or unusable CFI (.eh_frame)
     ├── OutputError                 output         the output cannot be written (exit 2)
-    └── ExportError                 export         a backend refused or could not be reached
-        └── KubernetesError         kubernetes     the API server's pod list/watch failed
+    ├── ExportError                 export         a backend refused or could not be reached
+    │   └── KubernetesError         kubernetes     the API server's pod list/watch failed
+    └── StorageError                storage        the collector's store cannot write
+        └── StorageFull             storage_full   its disk is full (writes refused, retryable)
 
 Only the CLI turns these into messages and exit statuses; library code raises
 them and never prints.
@@ -98,6 +100,14 @@ class KubernetesError(ExportError):
     label = "kubernetes"
 
 
+class StorageError(EmberError):
+    label = "storage"
+
+
+class StorageFull(StorageError):
+    label = "storage_full"
+
+
 ALL_ERRORS: tuple[type[EmberError], ...] = (
     EmberError,
     UsageError,
@@ -115,4 +125,6 @@ ALL_ERRORS: tuple[type[EmberError], ...] = (
     OutputError,
     ExportError,
     KubernetesError,
+    StorageError,
+    StorageFull,
 )

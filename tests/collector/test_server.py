@@ -26,6 +26,7 @@ from ember.proto import profile_pb2 as pb
 from ember.proto import profilestore_pb2 as ps
 from ember.proto import profilestore_pb2_grpc as ps_grpc
 from tests.support.collector import series
+from tests.support.net import free_port
 from tests.support.tls import self_signed
 
 
@@ -238,10 +239,28 @@ def test_tls_grpc_and_https_query(tmp_path: Path) -> None:
                                           tls_ca=cert.read_bytes()),
                           AgentMetrics(CollectorRegistry()))
         item = spool.oldest()
-        assert item is not None and shipper.send_one(*item)
+        assert item is not None and shipper.send_one(item)
         assert c.store.label_values("pid") == ["10", "77"]
         insecure = grpc.insecure_channel(f"127.0.0.1:{c.grpc_port}")
         with pytest.raises(grpc.RpcError):
             ps_grpc.ProfileStoreServiceStub(insecure).WriteRaw(ps.WriteRawRequest(), timeout=5)
     finally:
         c.close()
+
+
+def test_a_second_collector_on_the_grpc_port_exits_2(tmp_path: Path) -> None:
+    """gRPC's SO_REUSEPORT would let it bind and take half the writes."""
+    first = Collector(CollectorConfig(grpc_listen="127.0.0.1:0", http_listen="127.0.0.1:0",
+                                      storage=str(tmp_path / "a.sqlite")))
+    first.start()
+    try:
+        r = subprocess.run([sys.executable, "-m", "ember.cli", "collector", "--grpc-listen",
+                            f"127.0.0.1:{first.grpc_port}", "--http-listen",
+                            f"127.0.0.1:{free_port()}", "--storage", str(tmp_path / "b.sqlite")],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 2, r.stderr
+        assert (f"collector.grpc_listen 127.0.0.1:{first.grpc_port}: cannot listen: "
+                "Address already in use") in r.stderr
+        assert "Traceback" not in r.stderr
+    finally:
+        first.close()

@@ -17,6 +17,7 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import logging
+import socket
 import ssl
 import threading
 import time
@@ -29,7 +30,7 @@ import grpc
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from ..config import CollectorConfig, read_token
-from ..errors import ConfigError
+from ..errors import ConfigError, StorageError
 from ..httpserve import Reply, serve
 from ..metrics import CollectorMetrics
 from ..proto import profilestore_pb2 as ps
@@ -41,6 +42,11 @@ from .validate import InvalidRequest, Limits, check_request
 
 log = logging.getLogger(__name__)
 
+#: The metadata key of the retry hint (seconds) sent with a refusal to store.
+RETRY_AFTER = "retry-after"
+#: How long agents are told to wait when the store refuses writes.
+STORAGE_RETRY_AFTER = 15
+
 
 def _loopback(hostport: str) -> bool:
     host = hostport.rsplit(":", 1)[0].strip("[]")
@@ -50,6 +56,21 @@ def _loopback(hostport: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def _bind_problem(hostport: str) -> str:
+    """Why a host:port cannot be listened on, asked of the OS directly (gRPC
+    says only that it failed): "Address already in use", ..."""
+    host, _, port = hostport.rpartition(":")
+    try:
+        infos = socket.getaddrinfo(host.strip("[]") or None, int(port), type=socket.SOCK_STREAM,
+                                   flags=socket.AI_PASSIVE)
+        family, _, _, _, addr = infos[0]
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
+            sock.bind(addr)
+    except (OSError, ValueError, IndexError) as exc:
+        return str(getattr(exc, "strerror", None) or exc)
+    return "gRPC could not bind it"
 
 
 class _Servicer(ps_grpc.ProfileStoreServiceServicer):
@@ -69,7 +90,15 @@ class _Servicer(ps_grpc.ProfileStoreServiceServicer):
             log.info("rejected WriteRaw: %s", exc)
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         try:
+            c.store.make_room(c.cfg.max_storage_size, sum(len(p.data) for p in profiles))
             stored, dup = c.store.write(profiles)
+        except StorageError as exc:
+            # retryable: the agent keeps the request spooled and comes back
+            c.metrics.requests.labels("unavailable").inc()
+            c.metrics.rejected.labels(exc.label).inc()
+            c.storage_refused(exc)
+            context.set_trailing_metadata(((RETRY_AFTER, str(STORAGE_RETRY_AFTER)),))
+            context.abort(grpc.StatusCode.UNAVAILABLE, f"collector cannot store now: {exc}")
         except Exception as exc:
             log.exception("store failed")
             c.metrics.requests.labels("internal").inc()
@@ -99,6 +128,8 @@ class Collector:
         self.metrics = CollectorMetrics(self.registry)
         self.limits = Limits(max_profile_size=cfg.max_profile_size)
         self.store = Store(cfg.storage)
+        self.metrics.storage_bytes.set_function(self.store.size_bytes)
+        self._refused_at, self._refused_why = -1e9, ""
         self.api = Api(self.store)
         self._grpc: Any = None
         self._http: ThreadingHTTPServer | None = None
@@ -113,22 +144,33 @@ class Collector:
     # --- lifecycle ---
     def start(self) -> None:
         cfg = self.cfg
-        self.retention_once()
+        try:
+            self.retention_once()
+        except StorageError as exc:  # a full disk: serve queries, refuse writes
+            log.error("retention at start: %s", exc)
         options = [("grpc.max_receive_message_length", cfg.max_request_size),
                    ("grpc.max_send_message_length", 1 << 20)]
+        # no SO_REUSEPORT: a second collector on the port must fail, not
+        # silently take half the writes
+        options.append(("grpc.so_reuseport", 0))
         self._grpc = grpc.server(futures.ThreadPoolExecutor(max_workers=8,
                                                             thread_name_prefix="ember-grpc"),
-                                 options=options, maximum_concurrent_rpcs=64)
+                                 options=options,
+                                 maximum_concurrent_rpcs=cfg.max_concurrent_writes)
         ps_grpc.add_ProfileStoreServiceServicer_to_server(  # type: ignore[no-untyped-call]
             _Servicer(self), self._grpc)
-        if cfg.tls_cert:
-            creds = grpc.ssl_server_credentials([(Path(cfg.tls_key).read_bytes(),
-                                                  Path(cfg.tls_cert).read_bytes())])
-            port = self._grpc.add_secure_port(cfg.grpc_listen, creds)
-        else:
-            port = self._grpc.add_insecure_port(cfg.grpc_listen)
+        try:
+            if cfg.tls_cert:
+                creds = grpc.ssl_server_credentials([(Path(cfg.tls_key).read_bytes(),
+                                                      Path(cfg.tls_cert).read_bytes())])
+                port = self._grpc.add_secure_port(cfg.grpc_listen, creds)
+            else:
+                port = self._grpc.add_insecure_port(cfg.grpc_listen)
+        except RuntimeError:
+            port = 0
         if not port:
-            raise ConfigError(f"collector.grpc_listen {cfg.grpc_listen}: cannot listen")
+            raise ConfigError(f"collector.grpc_listen {cfg.grpc_listen}: cannot listen: "
+                              f"{_bind_problem(cfg.grpc_listen)}")
         self.grpc_port = int(port)
         self._grpc.start()
         self._serve_http()
@@ -139,12 +181,25 @@ class Collector:
         log.info("collector: gRPC on %s, HTTP on %s, storage %s", cfg.grpc_listen,
                  cfg.http_listen, cfg.storage)
 
+    def storage_refused(self, exc: StorageError) -> None:
+        """A write the store refused: logged at the first of a run, shown by
+        /healthz for a minute."""
+        now = time.monotonic()
+        if now - self._refused_at > 60:
+            log.error("refusing writes (agents keep them spooled and retry): %s", exc)
+        self._refused_at, self._refused_why = now, str(exc)
+
+    def health(self) -> str:
+        """'' when healthy, else why not."""
+        if time.monotonic() - self._refused_at < 60:
+            return f"storage refuses writes: {self._refused_why}"
+        return ""
+
     def retention_once(self) -> None:
         by_age, by_size = self.store.enforce_retention(self.cfg.retention,
                                                        self.cfg.max_storage_size)
         self.metrics.deleted.labels("age").inc(by_age)
         self.metrics.deleted.labels("size").inc(by_size)
-        self.metrics.storage_bytes.set(self.store.size_bytes())
 
     def _retention_loop(self) -> None:
         while not self._stop.wait(60):
@@ -175,6 +230,9 @@ class Collector:
         web UI's files for anyone (the page signs in itself), the API only
         with the token."""
         if path == "/healthz":
+            problem = self.health()
+            if problem:
+                return 503, f"{problem}\n".encode(), "text/plain"
             return 200, b"ok\n", "text/plain"
         if path == "/metrics":
             return 200, generate_latest(self.registry), CONTENT_TYPE_LATEST

@@ -5,18 +5,28 @@ pprof bytes with their time, type and profile id (UNIQUE: a profile sent
 twice is stored once). Writes of one request happen in one transaction, so a
 request is stored whole or not at all. Retention deletes by age and, past a
 size limit, oldest first.
+
+A full disk (or another write failure) refuses the write with StorageFull
+or StorageError, rolled back whole, while reads go on: the servicer answers
+a retryable status, and agents keep the request spooled. The size counted
+against ``max_storage_size`` is the database file and its write-ahead log
+together: with WAL, recent writes live in the log until a checkpoint.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import os
 import sqlite3
 import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from ..errors import StorageError, StorageFull
 
 log = logging.getLogger(__name__)
 
@@ -69,11 +79,23 @@ class Store:
         if self.path != ":memory:":
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
-        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
-        self._db.execute("PRAGMA auto_vacuum = INCREMENTAL")  # effective on a new file
-        self._db.execute("PRAGMA journal_mode = WAL")
-        self._db.execute("PRAGMA synchronous = NORMAL")
-        self._db.executescript(SCHEMA)
+        try:
+            self._db = sqlite3.connect(self.path, check_same_thread=False,
+                                       isolation_level=None)
+            new = not self._db.execute("PRAGMA page_count").fetchone()[0]
+            if new:  # on an existing file it is a no-op that a full disk refuses
+                self._db.execute("PRAGMA auto_vacuum = INCREMENTAL")
+            self._db.execute("PRAGMA journal_mode = WAL")
+            self._db.execute("PRAGMA synchronous = NORMAL")
+            if new or not self._has_schema():
+                self._db.executescript(SCHEMA)
+        except sqlite3.Error as exc:
+            raise _storage_error(f"{self.path}: cannot open the store", exc) from None
+
+    def _has_schema(self) -> bool:
+        names = {n for (n,) in self._db.execute(
+            "SELECT name FROM sqlite_master WHERE type IN ('table', 'index')")}
+        return {"series", "profiles", "profiles_time", "profiles_series_time"} <= names
 
     def close(self) -> None:
         with self._lock:
@@ -93,8 +115,8 @@ class Store:
         now = time.time_ns()
         stored = 0
         with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
             try:
+                self._db.execute("BEGIN IMMEDIATE")
                 for p in profiles:
                     sid = self._series_id(p.series_labels)
                     cur = self._db.execute(
@@ -104,10 +126,21 @@ class Store:
                          p.data))
                     stored += cur.rowcount
                 self._db.execute("COMMIT")
-            except BaseException:
-                self._db.execute("ROLLBACK")
+            except BaseException as exc:
+                self._rollback()
+                if isinstance(exc, sqlite3.Error):
+                    raise _storage_error("cannot store", exc) from None
                 raise
         return stored, len(profiles) - stored
+
+    def _rollback(self) -> None:
+        """Undo an open transaction (SQLite may have rolled back already: a
+        full disk ends the transaction itself)."""
+        if self._db.in_transaction:
+            try:
+                self._db.execute("ROLLBACK")
+            except sqlite3.Error as exc:
+                log.error("store: rollback failed: %s", exc)
 
     def _matching_series(self, matchers: dict[str, str]) -> dict[int, dict[str, str]]:
         out = {}
@@ -157,31 +190,70 @@ class Store:
             return int(self._db.execute("SELECT COUNT(*) FROM profiles").fetchone()[0])
 
     def size_bytes(self) -> int:
-        with self._lock:
-            pages = self._db.execute("PRAGMA page_count").fetchone()[0]
-            size = self._db.execute("PRAGMA page_size").fetchone()[0]
-        return int(pages) * int(size)
+        """The database file and its write-ahead log, in bytes."""
+        if self.path == ":memory:":
+            with self._lock:
+                pages = self._db.execute("PRAGMA page_count").fetchone()[0]
+                size = self._db.execute("PRAGMA page_size").fetchone()[0]
+            return int(pages) * int(size)
+        total = 0
+        for suffix in ("", "-wal"):
+            with contextlib.suppress(OSError):
+                total += os.stat(self.path + suffix).st_size
+        return total
 
     def enforce_retention(self, max_age_s: float, max_bytes: int) -> tuple[int, int]:
         """Delete old profiles, then the oldest while over max_bytes.
         Returns (deleted by age, deleted by size)."""
         cutoff = time.time_ns() - int(max_age_s * 1e9)
-        with self._lock:
-            by_age = self._db.execute("DELETE FROM profiles WHERE time_ns < ?", (cutoff,)).rowcount
+        with self._writing("retention"):
+            by_age = self._db.execute("DELETE FROM profiles WHERE time_ns < ?",
+                                      (cutoff,)).rowcount
             self._db.execute("PRAGMA incremental_vacuum")
-        by_size = 0
-        while self.size_bytes() > max_bytes:
-            with self._lock:
-                n = self._db.execute("SELECT COUNT(*) FROM profiles").fetchone()[0]
-                if not n:
-                    break
-                chunk = max(1, n // 10)
-                by_size += self._db.execute(
-                    "DELETE FROM profiles WHERE id IN (SELECT id FROM profiles ORDER BY time_ns "
-                    "LIMIT ?)", (chunk,)).rowcount
-                self._db.execute("PRAGMA incremental_vacuum")
-                self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-        with self._lock:
-            self._db.execute("DELETE FROM series WHERE id NOT IN "
-                             "(SELECT DISTINCT series_id FROM profiles)")
+            by_size = self._make_room(max_bytes, 0)
+            if by_age or by_size:
+                self._db.execute("DELETE FROM series WHERE id NOT IN "
+                                 "(SELECT DISTINCT series_id FROM profiles)")
         return by_age, by_size
+
+    def make_room(self, max_bytes: int, incoming: int = 0) -> int:
+        """Before a write: delete the oldest profiles while the store and
+        ``incoming`` more bytes are over max_bytes; returns how many."""
+        if self.size_bytes() + incoming <= max_bytes:
+            return 0  # the common case: two stat calls
+        with self._writing("making room"):
+            return self._make_room(max_bytes, incoming)
+
+    def _make_room(self, max_bytes: int, incoming: int) -> int:
+        incoming = incoming if incoming <= max_bytes // 2 else 0
+        deleted = 0
+        if self.size_bytes() + incoming > max_bytes:  # recent writes are in the log
+            self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        while self.size_bytes() + incoming > max_bytes:
+            n = self._db.execute("SELECT COUNT(*) FROM profiles").fetchone()[0]
+            if not n:
+                break
+            deleted += self._db.execute(
+                "DELETE FROM profiles WHERE id IN (SELECT id FROM profiles ORDER BY time_ns "
+                "LIMIT ?)", (max(1, n // 10),)).rowcount
+            self._db.execute("PRAGMA incremental_vacuum")
+            self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        return deleted
+
+    @contextlib.contextmanager
+    def _writing(self, what: str) -> Iterator[None]:
+        """Under the lock; an SQLite failure becomes StorageFull/StorageError."""
+        with self._lock:
+            try:
+                yield
+            except sqlite3.Error as exc:
+                self._rollback()
+                raise _storage_error(what, exc) from None
+
+
+def _storage_error(what: str, exc: sqlite3.Error) -> StorageError:
+    """StorageFull for a full disk or database, StorageError otherwise."""
+    name = getattr(exc, "sqlite_errorname", "")
+    if name == "SQLITE_FULL" or "full" in str(exc):
+        return StorageFull(f"{what}: the disk is full ({exc})")
+    return StorageError(f"{what}: {exc}")
