@@ -97,6 +97,7 @@ class Spool:
         self.write_errors = 0      # writes the disk refused
         self.quarantined = 0       # entries moved aside (or skipped) unread
         self.last_write_error = ""
+        self._memory_drops = 0     # in the current run of refused writes (for the log)
         self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         for stale in self.dir.glob(f".*{self.suffix}.tmp"):
             with contextlib.suppress(OSError):
@@ -149,8 +150,10 @@ class Spool:
             self.last_write_error = reason
             return False
         if self.last_write_error:
-            log.warning("spool %s: writing again", self.dir)
+            log.warning("spool %s: writing again (%d held requests dropped meanwhile)",
+                        self.dir, self._memory_drops)
             self.last_write_error = ""
+            self._memory_drops = 0
         return True
 
     def _unhold(self) -> None:
@@ -173,8 +176,11 @@ class Spool:
             total -= len(data)
             n, b = n + 1, b + len(data)
         if n:
-            log.warning("spool %s: %d held requests over %d bytes of memory: dropped the "
-                        "%d oldest", self.dir, len(self._held) + n, self.memory_max, n)
+            before, self._memory_drops = self._memory_drops, self._memory_drops + n
+            if not before or self._memory_drops // 100 > before // 100:  # 1st, every 100th
+                log.warning("spool %s: held requests over %d bytes of memory: dropped the "
+                            "oldest (%d so far while the disk refuses writes)", self.dir,
+                            self.memory_max, self._memory_drops)
         return Dropped(n, b, p)
 
     def _enforce_limit(self) -> Dropped:
