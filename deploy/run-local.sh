@@ -27,7 +27,7 @@ agent=$!
 
 cat <<EOT
 ember is profiling this host (on-CPU and off-CPU); profiles reach the collector every 10 s.
-  agent health and metrics:  http://127.0.0.1:7071/metrics  (/healthz, /readyz)
+  agent health and metrics:  http://127.0.0.1:7071/metrics  (/healthz, /livez, /readyz)
   collector API:             http://127.0.0.1:7072/api/v1/labels
   on-CPU, last 5 minutes:    $ember query --collector http://127.0.0.1:7072 --since 5m
   off-CPU, as pprof:         $ember query --collector http://127.0.0.1:7072 --type offcpu --format pprof -o off.pb.gz
