@@ -47,8 +47,9 @@ log = logging.getLogger(__name__)
 #: often (new processes are the session's watcher thread's, at once).
 LOOP_INTERVAL = 0.5
 #: /healthz turns unhealthy when a spooled request has waited this many
-#: intervals (at least a minute).
+#: intervals, and at least SHIP_STALL_MIN seconds.
 SHIP_STALL_INTERVALS = 5
+SHIP_STALL_MIN = 30.0
 
 
 def session_options(cfg: config.AgentConfig) -> SessionOptions:
@@ -271,7 +272,7 @@ class Agent:
         A request waiting longer than SHIP_STALL_INTERVALS intervals means
         the backend has refused or not answered that long."""
         problems = self.liveness()
-        limit = max(SHIP_STALL_INTERVALS * self.cfg.interval, 60.0)
+        limit = max(SHIP_STALL_INTERVALS * self.cfg.interval, SHIP_STALL_MIN)
         for name, e in self.exporters.items():
             age = e.spool.oldest_age_ns() / 1e9
             if age > limit:
