@@ -48,7 +48,7 @@ def test_values_parse() -> None:
     ("collector:\n  max_storage_size: lots\n", "collector.max_storage_size: not a size"),
     ("agent: 3\n", "ember.yaml:1: agent: expected a mapping"),
     ("agent:\n  cpu: true\n  cpu: false\n", "ember.yaml:3: agent.cpu: duplicate key"),
-    ("agent: [\n", "ember.yaml:2: invalid YAML"),
+    ("agent: [\n", "ember.yaml:2: (yaml): "),
     ("agent:\n  kernel_stacks: [cpu, disk]\n",
      "ember.yaml:2: agent.kernel_stacks: unknown profile type 'disk'"),
     ("agent:\n  user_stacks: cpu\n", "agent.user_stacks: expected true, false or a list"),
@@ -77,6 +77,8 @@ def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
     ("agent:\n  bogus: 1\n", ":2: agent.bogus: unknown key"),
     ("agent:\n  interval: 10\n  frequency: '9'\n", ":3: agent.frequency: expected an integer"),
     ("agent:\n  max_backoff: 1 fortnight\n", ":2: agent.max_backoff: not a duration"),
+    ("agent:\n  interval: !foo 10s\n", ":2: agent.interval: unsupported YAML tag !foo"),
+    (b"agent:\n  spool_dir: /caf\xe9\n", ":2: (yaml): not a text file"),
     (None, "cannot read"),
     (b"\xff\xfe\x00binary", "not a text file"),
 ])

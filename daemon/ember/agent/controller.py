@@ -206,9 +206,13 @@ class Agent:
         try:
             new = config.load(self.config_path).agent
             endpoints = {name: endpoint(new, name) for name in self.exporters}
-        except EmberError as exc:
-            log.error("SIGHUP: keeping the running configuration: %s", exc)
-            self.metrics.errors.labels(exc.label).inc()
+        except Exception as exc:
+            # Any failure keeps the agent running on what it has. Loading raises only
+            # ConfigError (FILE:LINE: KEY: problem); anything else is a bug: log its trace.
+            known = exc if isinstance(exc, EmberError) else None
+            log.error("SIGHUP: keeping the running configuration: %s", exc,
+                      exc_info=known is None)
+            self.metrics.errors.labels(known.label if known else ConfigError.label).inc()
             return
         fixed = config.fixed_changes(self.cfg, new)
         if fixed:

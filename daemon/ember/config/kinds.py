@@ -1,10 +1,16 @@
 """The kinds of config values: for each, one small function that turns what
 YAML gave into the typed value (or a ValueError saying what was expected),
 whether the key's range bounds it, and how its default reads in the
-reference. Adding a kind of option is one entry in ``KINDS``."""
+reference. Adding a kind of option is one entry in ``KINDS``.
+
+Values reach the program's C side (BPF maps, the kernel, SQLite) and
+arithmetic (durations times 1e9), so every number is finite and fits: a
+ranged value without an upper bound is bounded by ``INT64_MAX``, list items
+(process IDs) by ``INT32_MAX``, whatever the reference shows."""
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, fields
@@ -16,6 +22,8 @@ from .units import parse_duration, parse_hostport, parse_size, render_duration, 
 
 _LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 _RULE_STRINGS = ("separator", "regex", "target_label", "replacement", "action")
+INT64_MAX = (1 << 63) - 1
+INT32_MAX = (1 << 31) - 1
 
 
 def _render_scalar(value: Any, option: Option) -> str:
@@ -37,9 +45,12 @@ def convert(option: Option, value: Any) -> Any:
     """A YAML value as the option's typed value; ValueError says what is wrong."""
     kind = KINDS[option.kind]
     out = kind.convert(value, option)
-    if kind.ranged and ((option.lo is not None and out < option.lo)
-                        or (option.hi is not None and out > option.hi)):
-        raise ValueError(f"{value!r} is out of range [{option.lo}, {option.hi}]")
+    if kind.ranged:
+        hi = INT64_MAX if option.hi is None else option.hi
+        if not math.isfinite(out):  # NaN compares false with any bound
+            raise ValueError(f"{value!r} is not a finite number")
+        if (option.lo is not None and out < option.lo) or out > hi:
+            raise ValueError(f"{value!r} is out of range [{option.lo}, {hi}]")
     return out
 
 
@@ -99,6 +110,8 @@ def _int_list(value: Any, option: Option) -> tuple[int, ...]:
         if isinstance(item, bool) or not isinstance(item, int) or (
                 option.lo and item < option.lo):
             raise ValueError(f"expected positive integers, got {item!r}")
+        if item > INT32_MAX:  # a pid_t: larger ones overflow the BPF map's key
+            raise ValueError(f"{item!r} is larger than {INT32_MAX}")
     return tuple(value)
 
 
@@ -112,12 +125,20 @@ def _str_list(value: Any, option: Option) -> tuple[str, ...]:
     return tuple(_string(item) for item in _items(value))
 
 
+def _regex(pattern: str, used_as: str = "{}") -> None:
+    """ValueError unless ``pattern`` compiles as it will be used (``used_as``
+    holds it): re.compile also raises RecursionError (deeply nested groups)
+    and OverflowError (a{99999999999})."""
+    try:
+        re.compile(used_as.format(pattern))
+    except (re.error, RecursionError, OverflowError) as exc:
+        used = "" if used_as == "{}" else f" (used as {used_as.format(pattern)!r})"
+        raise ValueError(f"bad regular expression {pattern!r}{used}: {exc}") from None
+
+
 def _regex_list(value: Any, option: Option) -> tuple[str, ...]:
     for item in _items(value):
-        try:
-            re.compile(_string(item))
-        except re.error as exc:
-            raise ValueError(f"bad regular expression {item!r}: {exc}") from None
+        _regex(_string(item))
     return tuple(value)
 
 
@@ -158,9 +179,9 @@ def _rule(number: int, item: Any) -> Rule:
     if not isinstance(item, dict):
         raise ValueError(f"rule {number}: expected a mapping, got {item!r}")
     allowed = {f.name for f in fields(Rule)}
-    unknown = set(item) - allowed
+    unknown = [k for k in item if k not in allowed]
     if unknown:
-        raise ValueError(f"rule {number}: unknown key {sorted(unknown)[0]!r} "
+        raise ValueError(f"rule {number}: unknown key {unknown[0]!r} "
                          f"(known: {', '.join(sorted(allowed))})")
     args = dict(item)
     if "source_labels" in args:
@@ -172,6 +193,8 @@ def _rule(number: int, item: Any) -> Rule:
         if k in args and not isinstance(args[k], str):
             raise ValueError(f"rule {number}: {k} must be a string")
     try:
+        # as relabeling compiles it: (?i) is valid alone, not after ^(?:
+        _regex(args.get("regex", Rule.regex), "^(?:{})$")
         return Rule(**args)
     except ValueError as exc:
         raise ValueError(f"rule {number}: {exc}") from None
