@@ -18,7 +18,6 @@ import logging
 import os
 import threading
 import time
-from http.server import ThreadingHTTPServer
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
@@ -26,7 +25,7 @@ from .. import config
 from ..errors import ConfigError, EmberError, KubernetesError, UsageError
 from ..export.exporter import Exporter, endpoint, exporters
 from ..export.spool import Spool
-from ..httpserve import Reply, serve
+from ..httpserve import Reply, Server, serve
 from ..metrics import AgentMetrics, BpfStatsCollector
 from ..session import Session, SessionOptions
 from ..symbols.diskcache import DiskSymbolCache
@@ -100,7 +99,7 @@ class Agent:
         self.resolver = TargetResolver(cfg.targets)
         self.last_loop = time.monotonic()
         self._window_start_ns = time.time_ns()
-        self._http: ThreadingHTTPServer | None = None
+        self._http: Server | None = None
         self._closed = False
 
     @property
@@ -115,7 +114,7 @@ class Agent:
     # --- start ---
     def start(self) -> None:
         self.session.check_host()
-        self._http = serve(self.cfg.metrics_listen, self.route, "metrics_listen")
+        self._http = serve(self.cfg.metrics_listen, self.route, "metrics_listen", workers=2)
         if self.pods is not None:
             self.pods.start()
         self.session.load()
