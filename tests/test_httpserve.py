@@ -1,19 +1,36 @@
 """httpserve.fetch against httpserve.serve on loopback: the body, the bearer
 token, the server's JSON error as the message, and one clear error for
-what cannot be reached, is not a URL, or has an unusable CA file."""
+what cannot be reached, is not a URL, or has an unusable CA file.
+
+And the server's defences: idle connections to the HTTPS port block no one,
+a client dribbling its headers is cut off, a full worker pool answers 503,
+and a router learns that its client left."""
 
 from __future__ import annotations
 
 import json
+import logging
+import signal
+import socket
 import ssl
-from collections.abc import Iterator
-from http.server import ThreadingHTTPServer
+import threading
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from ember.errors import ConfigError, EmberError, UsageError
-from ember.httpserve import Reply, fetch, serve
+from ember.httpserve import (
+    HANDSHAKE_TIMEOUT,
+    IDLE_TIMEOUT,
+    Cancelled,
+    Reply,
+    Server,
+    check_cancelled,
+    fetch,
+    serve,
+)
 from tests.support.net import free_port
 from tests.support.tls import self_signed
 
@@ -33,12 +50,12 @@ def router(path: str, query: dict[str, list[str]], auth: str) -> Reply:
     raise RuntimeError("boom")  # the server answers 500 {"error": "boom"}
 
 
-def url_of(server: ThreadingHTTPServer, path: str, scheme: str = "http") -> str:
+def url_of(server: Server, path: str, scheme: str = "http") -> str:
     return f"{scheme}://127.0.0.1:{server.server_address[1]}{path}"
 
 
 @pytest.fixture
-def server() -> Iterator[ThreadingHTTPServer]:
+def server() -> Iterator[Server]:
     SEEN.clear()
     s = serve("127.0.0.1:0", router, "test")
     yield s
@@ -46,7 +63,7 @@ def server() -> Iterator[ThreadingHTTPServer]:
     s.server_close()
 
 
-def test_body_and_token(server: ThreadingHTTPServer) -> None:
+def test_body_and_token(server: Server) -> None:
     assert fetch(url_of(server, "/ok?since=1h&match=a%3Db")) == b"profile bytes"
     assert SEEN[-1] == ("/ok", {"since": ["1h"], "match": ["a=b"]}, "")
     assert fetch(url_of(server, "/ok"), token="t0k") == b"profile bytes"
@@ -59,7 +76,7 @@ def test_body_and_token(server: ThreadingHTTPServer) -> None:
     ("/list-error", "collector answered 500: Internal Server Error"),
     ("/raises", "collector answered 500: boom"),
 ])
-def test_http_errors_carry_the_servers_reason(server: ThreadingHTTPServer, path: str,
+def test_http_errors_carry_the_servers_reason(server: Server, path: str,
                                               message: str) -> None:
     with pytest.raises(EmberError) as info:
         fetch(url_of(server, path))
@@ -102,3 +119,162 @@ def test_https_checked_against_the_ca(tmp_path: Path) -> None:
     finally:
         s.shutdown()
         s.server_close()
+
+
+def tls_server(tmp_path: Path, route: Callable[[str, dict[str, list[str]], str], Reply]
+               ) -> tuple[Server, ssl.SSLContext]:
+    """(server over TLS, a client context trusting it)."""
+    key, cert = self_signed(tmp_path)
+    tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    tls.load_cert_chain(cert, key)
+    return serve("127.0.0.1:0", route, "test", tls=tls), ssl.create_default_context(
+        cafile=str(cert))
+
+
+def raw_get(port: int, path: str = "/ok", client: ssl.SSLContext | None = None,
+            timeout: float = 5) -> tuple[bytes, float]:
+    """(the whole answer to one GET, seconds it took)."""
+    t0 = time.monotonic()
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as plain:
+        sock = client.wrap_socket(plain, server_hostname="127.0.0.1") if client else plain
+        sock.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    return answer, time.monotonic() - t0
+
+
+@pytest.mark.skipif(not Path("/usr/bin/openssl").exists(), reason="openssl not installed")
+def test_idle_connections_to_the_https_port_block_no_one(tmp_path: Path) -> None:
+    # they send no TLS hello: a server shaking hands on its accept thread
+    # would wait on the first of them and answer nobody
+    s, client = tls_server(tmp_path, router)
+    idle = [socket.create_connection(("127.0.0.1", s.server_address[1])) for _ in range(10)]
+    try:
+        answer, seconds = raw_get(s.server_address[1], client=client)
+        assert answer.startswith(b"HTTP/1.1 200") and answer.endswith(b"profile bytes")
+        assert seconds < 1
+        # and the handshake has a deadline: the idle connections get closed
+        idle[0].settimeout(HANDSHAKE_TIMEOUT + 5)
+        assert idle[0].recv(1) == b""
+    finally:
+        for sock in idle:
+            sock.close()
+        s.shutdown()
+
+
+def test_headers_sent_one_byte_a_second_are_cut_off(server: Server) -> None:
+    request = b"GET /ok HTTP/1.1\r\nHost: x\r\n" + b"X-Slow: y\r\n" * 10
+    t0 = time.monotonic()
+    with socket.create_connection(("127.0.0.1", server.server_address[1])) as sock:
+        sock.settimeout(1)
+        for byte in request:
+            try:
+                sock.send(bytes([byte]))
+                if sock.recv(1) == b"":  # closed by the server
+                    break
+            except TimeoutError:
+                continue
+            except ConnectionError:
+                break
+        else:
+            pytest.fail("the server waited for all the headers")
+    assert IDLE_TIMEOUT - 1 <= time.monotonic() - t0 <= IDLE_TIMEOUT + 2
+    assert SEEN == []
+
+
+@pytest.fixture
+def blocking() -> Iterator[tuple[threading.Event, threading.Event, list[bool]]]:
+    """(entered, release, cancelled): a router blocks on release, noting
+    whether check_cancelled told it its client left."""
+    entered, release, cancelled = threading.Event(), threading.Event(), []
+    yield entered, release, cancelled
+    release.set()
+
+
+def blocking_router(entered: threading.Event, release: threading.Event,
+                    cancelled: list[bool]) -> Callable[[str, dict[str, list[str]], str], Reply]:
+    def route(path: str, query: dict[str, list[str]], auth: str) -> Reply:
+        entered.set()
+        while not release.wait(0.01):
+            try:
+                check_cancelled()
+            except Cancelled:
+                cancelled.append(True)
+                raise
+        return 200, b"done", "text/plain"
+    return route
+
+
+def test_a_full_pool_answers_503_with_retry_after(
+        blocking: tuple[threading.Event, threading.Event, list[bool]]) -> None:
+    entered, release, cancelled = blocking
+    s = serve("127.0.0.1:0", blocking_router(entered, release, cancelled), "test", workers=1)
+    port = s.server_address[1]
+    answers: list[bytes] = []
+    # one runs, one waits in the queue: the third, whichever it is, is refused
+    clients = [threading.Thread(target=lambda: answers.append(raw_get(port, timeout=30)[0]))
+               for _ in range(3)]
+    try:
+        for t in clients:
+            t.start()
+        deadline = time.monotonic() + 10
+        while not answers and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert entered.is_set() and len(answers) == 1
+        assert answers[0].startswith(b"HTTP/1.1 503")
+        assert b"\r\nretry-after: 1\r\n" in answers[0].lower()
+        assert answers[0].endswith(b'{"error": "busy, try again"}')
+        release.set()
+        for t in clients:
+            t.join(10)
+        assert [a.split(b"\r\n")[0] for a in answers[1:]] == [b"HTTP/1.1 200 "] * 2
+        assert raw_get(port)[0].endswith(b"done")  # and the pool serves again
+    finally:
+        release.set()
+        s.shutdown()
+
+
+def test_the_router_learns_its_client_left(
+        blocking: tuple[threading.Event, threading.Event, list[bool]],
+        caplog: pytest.LogCaptureFixture) -> None:
+    entered, release, cancelled = blocking
+    s = serve("127.0.0.1:0", blocking_router(entered, release, cancelled), "test")
+    try:
+        with socket.create_connection(("127.0.0.1", s.server_address[1])) as sock:
+            sock.sendall(b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert entered.wait(5)
+        deadline = time.monotonic() + 5
+        while not cancelled and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert cancelled == [True]
+    finally:
+        s.shutdown()
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+
+
+def test_check_cancelled_outside_a_request_does_nothing() -> None:
+    check_cancelled()
+
+
+def test_a_port_in_use_names_the_setting() -> None:
+    s = serve("127.0.0.1:0", router, "test")
+    try:
+        listen = f"127.0.0.1:{s.server_address[1]}"
+        with pytest.raises(ConfigError, match=rf"^collector.http_listen {listen}: "
+                                              "Address already in use$"):
+            serve(listen, router, "collector.http_listen")
+    finally:
+        s.shutdown()
+
+
+def test_installs_no_signal_handler() -> None:
+    signals = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    before = [signal.getsignal(n) for n in signals]
+    s = serve("127.0.0.1:0", router, "test")
+    try:
+        assert fetch(url_of(s, "/ok")) == b"profile bytes"
+        assert [signal.getsignal(n) for n in signals] == before
+    finally:
+        s.shutdown()
+        s.server_close()  # a second stop is harmless

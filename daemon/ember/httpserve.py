@@ -1,6 +1,18 @@
-"""The small HTTP server behind the agent's /metrics and the collector's API:
-a router function returns (status, body, content type); this module does
-the rest, in daemon threads, optionally over TLS.
+"""The HTTP server behind the agent's /metrics and the collector's API and
+web UI: a router function returns (status, body, content type); this module
+does the rest, optionally over TLS.
+
+The server is Hypercorn (asyncio), run in one background thread with its own
+event loop, never installing signal handlers (the daemons own SIGINT, SIGTERM
+and SIGHUP). It was chosen for what the standard library's server lacked:
+TLS handshakes happen on the event loop, each under a timeout, so idle
+connections cannot block the accept path; a connection must send its request
+headers within IDLE_TIMEOUT (slowloris); the listen queue is deep.
+
+Routers are plain blocking functions: they run in a bounded thread pool,
+and a request that finds every worker busy and the small queue full is
+answered 503 with Retry-After instead of waiting without bound. A router
+learns that its client went away through ``check_cancelled()``.
 
 And its client side, ``fetch``: one GET with the collector's bearer token and
 CA, whose failures become ember's errors carrying the server's own reason
@@ -8,19 +20,27 @@ CA, whose failures become ember's errors carrying the server's own reason
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import contextvars
 import http.client
 import json
 import logging
+import os
+import queue
+import socket
 import ssl
 import threading
 import urllib.error
 import urllib.request
-from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import parse_qs, urlparse
 
 from .errors import ConfigError, EmberError, UsageError
+
+if TYPE_CHECKING:
+    from hypercorn.typing import ASGIFramework
 
 log = logging.getLogger(__name__)
 
@@ -28,42 +48,282 @@ Reply = tuple[int, bytes, str]
 #: (path, query parameters, Authorization header) -> reply
 Router = Callable[[str, dict[str, list[str]], str], Reply]
 
+#: Seconds a connection may stay silent: before and between requests, and
+#: while sending a request's headers (a client dribbling them is cut off).
+IDLE_TIMEOUT = 5.0
+#: Seconds a client has to complete the TLS handshake.
+HANDSHAKE_TIMEOUT = 5.0
+#: Seconds running requests get to finish when the server shuts down.
+GRACE = 2.0
+#: Connections the kernel queues before they are accepted.
+BACKLOG = 128
+#: Seconds a client answered 503 is asked to wait before retrying.
+RETRY_AFTER = 1
+
+_Scope = MutableMapping[str, Any]
+_Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+_Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+
+_cancel: contextvars.ContextVar[threading.Event] = contextvars.ContextVar("ember_http_cancel")
+
+
+class Cancelled(Exception):
+    """The client of the running request went away: its answer would be
+    thrown away, so the work stops."""
+
+
+def check_cancelled() -> None:
+    """Raise Cancelled if the client of the request this thread is answering
+    has disconnected (or the server is shutting down). Long loops call it so
+    abandoned queries stop; outside a request it does nothing."""
+    event = _cancel.get(None)
+    if event is not None and event.is_set():
+        raise Cancelled
+
+
+class Server:
+    """A running HTTP server: ``server_address`` (host, port) as bound, and
+    ``shutdown()`` / ``server_close()``, the names callers of the standard
+    library's servers know; both stop it, and both may be called twice."""
+
+    def __init__(self, sock: socket.socket, router: Router, what: str,
+                 tls: ssl.SSLContext | None, on_reply: Callable[[int], None] | None,
+                 workers: int, queue: int):
+        self.server_address: tuple[str, int] = sock.getsockname()[:2]
+        self._app = _App(router, on_reply, what, workers, queue)
+        self._config = _config(sock, tls)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"ember-http-{what}",
+                                        daemon=True)
+        self._thread.start()
+        self._ready.wait()
+
+    def _run(self) -> None:
+        try:
+            asyncio.run(self._main())
+        except Exception:
+            log.exception("HTTP server %s stopped", self._thread.name)
+        finally:
+            self._ready.set()
+
+    async def _main(self) -> None:
+        from hypercorn.asyncio import serve as hypercorn_serve
+
+        self._loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        self._ready.set()
+        # a shutdown_trigger keeps Hypercorn from installing signal handlers
+        await hypercorn_serve(cast("ASGIFramework", self._app), self._config,
+                              shutdown_trigger=self._stop.wait, mode="asgi")
+
+    def shutdown(self) -> None:
+        """Stop accepting, tell running routers their clients are gone, and
+        wait up to GRACE seconds for them."""
+        self._app.cancel_all()
+        loop, stop = self._loop, self._stop
+        if loop is not None and stop is not None and not loop.is_closed():
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                loop.call_soon_threadsafe(stop.set)
+        self._thread.join(GRACE + 5)
+        self._app.pool.stop()
+
+    def server_close(self) -> None:
+        self.shutdown()
+
 
 def serve(listen: str, router: Router, what: str, tls: ssl.SSLContext | None = None,
-          on_reply: Callable[[int], None] | None = None) -> ThreadingHTTPServer:
+          on_reply: Callable[[int], None] | None = None, workers: int = 8) -> Server:
+    """Serve GETs on listen (HOST:PORT) with router, in the background.
+    ``workers`` routers run at once and as many more requests wait; beyond
+    that the answer is 503. ``on_reply(status)`` hears of every answer.
+    ConfigError names the setting ``what`` when the port cannot be bound."""
     host, port = listen.rsplit(":", 1)
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            url = urlparse(self.path)
-            try:
-                code, body, ctype = router(url.path, parse_qs(url.query, keep_blank_values=True),
-                                           self.headers.get("Authorization", ""))
-            except Exception as exc:  # never let a request take the server down
-                log.exception("HTTP %s failed", self.path)
-                code, body, ctype = 500, json.dumps({"error": str(exc)}).encode(), \
-                    "application/json"
-            if on_reply is not None:
-                on_reply(code)
-            self.send_response(code)
-            self.send_header("Content-Type", ctype)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, fmt: str, *args: Any) -> None:
-            log.debug("http: " + fmt, *args)
-
+    host = host.strip("[]")
     try:
-        server = ThreadingHTTPServer((host, int(port)), Handler)
-    except OSError as exc:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        sock = socket.create_server((host, int(port)), family=family, backlog=BACKLOG)
+    except socket.gaierror as exc:  # a host name that does not resolve
         raise ConfigError(f"{what} {listen}: {exc.strerror}") from exc
-    if tls is not None:
-        server.socket = tls.wrap_socket(server.socket, server_side=True)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, name=f"ember-http-{what}",
-                     daemon=True).start()
-    return server
+    except OSError as exc:  # create_server's own message adds the address again
+        raise ConfigError(f"{what} {listen}: {os.strerror(exc.errno or 0)}") from exc
+    except ValueError:
+        raise ConfigError(f"{what} {listen}: not HOST:PORT") from None
+    return Server(sock, router, what, tls, on_reply, workers, queue=workers)
+
+
+def _config(sock: socket.socket, tls: ssl.SSLContext | None) -> Any:
+    """Hypercorn's settings: the already bound socket (handed over by file
+    descriptor, so bind errors stay ours), the caller's TLS context, the
+    timeouts above, and its own log lines kept at warning and up (its info
+    lines are written for its command line)."""
+    from hypercorn.config import Config
+
+    class _Config(Config):
+        @property
+        def ssl_enabled(self) -> bool:
+            return tls is not None
+
+        def create_ssl_context(self) -> ssl.SSLContext | None:
+            return tls
+
+    config = _Config()
+    config.bind = [f"fd://{sock.detach()}"]
+    config.backlog = BACKLOG
+    config.keep_alive_timeout = IDLE_TIMEOUT
+    config.ssl_handshake_timeout = HANDSHAKE_TIMEOUT
+    config.graceful_timeout = GRACE
+    config.include_server_header = False
+    config.accesslog = None
+    config.errorlog = _server_log
+    return config
+
+
+_server_log = logging.getLogger(f"{__name__}.server")
+_server_log.setLevel(logging.WARNING)
+
+
+class _App:
+    """The ASGI application: each GET goes to the router in the pool, while
+    the event loop watches for the client leaving."""
+
+    def __init__(self, router: Router, on_reply: Callable[[int], None] | None, what: str,
+                 workers: int, queue: int):
+        self.router = router
+        self.on_reply = on_reply
+        self.pool = _Pool(workers, f"ember-http-{what}")
+        self.limit = workers + queue
+        self.running: set[threading.Event] = set()  # one cancel flag per admitted request
+
+    def cancel_all(self) -> None:
+        for event in self.running.copy():
+            event.set()
+
+    async def __call__(self, scope: _Scope, receive: _Receive, send: _Send) -> None:
+        if scope["type"] == "lifespan":
+            await _lifespan(receive, send)
+        elif scope["type"] == "http":
+            await self._http(scope, receive, send)
+        elif scope["type"] == "websocket":
+            await send({"type": "websocket.close", "code": 1008})
+
+    async def _http(self, scope: _Scope, receive: _Receive, send: _Send) -> None:
+        method = scope["method"]
+        if method not in ("GET", "HEAD"):
+            await self._reply(send, method, _error(405, f"{method} is not served"),
+                              [(b"allow", b"GET, HEAD")])
+            return
+        if len(self.running) >= self.limit:
+            await self._reply(send, method, _error(503, "busy, try again"),
+                              [(b"retry-after", str(RETRY_AFTER).encode())])
+            return
+        # the path as sent (not percent-decoded), as the routers always saw it
+        path = (scope.get("raw_path") or scope["path"].encode()).decode("latin-1")
+        query = parse_qs(scope["query_string"].decode("latin-1"), keep_blank_values=True)
+        auth = next((v.decode("latin-1") for k, v in scope["headers"]
+                     if k == b"authorization"), "")
+        cancel = threading.Event()
+        self.running.add(cancel)
+        work = self.pool.submit(lambda: self._call(cancel, path, query, auth))
+        # the worker stays counted until the router returns, whoever waits
+        work.add_done_callback(lambda _: self.running.discard(cancel))
+        watch = asyncio.ensure_future(_disconnected(receive, cancel))
+        try:
+            reply = await asyncio.shield(work)
+        except asyncio.CancelledError:
+            cancel.set()
+            raise
+        finally:
+            watch.cancel()
+        if reply is not None and not cancel.is_set():
+            await self._reply(send, method, reply)
+
+    def _call(self, cancel: threading.Event, path: str, query: dict[str, list[str]],
+              auth: str) -> Reply | None:
+        """The router's reply, in a pool thread; None when it stopped
+        because its client left."""
+        token = _cancel.set(cancel)
+        try:
+            return self.router(path, query, auth)
+        except Cancelled:
+            log.debug("HTTP %s: the client went away", path)
+            return None
+        except Exception as exc:  # never let a request take the server down
+            log.exception("HTTP %s failed", path)
+            return _error(500, str(exc))
+        finally:
+            _cancel.reset(token)
+
+    async def _reply(self, send: _Send, method: str, reply: Reply,
+                     extra: list[tuple[bytes, bytes]] | None = None) -> None:
+        code, body, ctype = reply
+        if self.on_reply is not None:
+            self.on_reply(code)
+        headers = [(b"content-type", ctype.encode("latin-1")),
+                   (b"content-length", str(len(body)).encode()), *(extra or [])]
+        await send({"type": "http.response.start", "status": code, "headers": headers})
+        await send({"type": "http.response.body", "body": b"" if method == "HEAD" else body})
+
+
+class _Pool:
+    """Worker threads for the routers. Daemon threads, unlike
+    ThreadPoolExecutor's, which the interpreter waits for at exit: a query
+    that never checks for cancellation must not hold up a daemon's exit."""
+
+    def __init__(self, workers: int, name: str):
+        self.workers = workers
+        self.jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        for i in range(workers):
+            threading.Thread(target=self._work, name=f"{name}-{i}", daemon=True).start()
+
+    def _work(self) -> None:
+        while (job := self.jobs.get()) is not None:
+            job()
+
+    def submit(self, call: Callable[[], Reply | None]) -> asyncio.Future[Reply | None]:
+        """A future, of the running loop, for what call returns (it must not
+        raise)."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Reply | None] = loop.create_future()
+
+        def done(result: Reply | None) -> None:
+            if not future.done():
+                future.set_result(result)
+
+        def job() -> None:
+            result = call()
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
+                loop.call_soon_threadsafe(done, result)
+
+        self.jobs.put(job)
+        return future
+
+    def stop(self) -> None:
+        for _ in range(self.workers):
+            self.jobs.put(None)
+
+
+async def _disconnected(receive: _Receive, cancel: threading.Event) -> None:
+    """Set cancel when the client disconnects (the request's body, if any,
+    is read and ignored: every route is a GET)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+    cancel.set()
+
+
+async def _lifespan(receive: _Receive, send: _Send) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+
+
+def _error(code: int, msg: str) -> Reply:
+    return code, json.dumps({"error": msg}).encode(), "application/json"
 
 
 def fetch(url: str, token: str = "", cafile: str | None = None, timeout: float = 60.0) -> bytes:
@@ -112,9 +372,11 @@ def _tls(cafile: str | None) -> ssl.SSLContext | None:
 
 
 def _error_message(exc: urllib.error.HTTPError) -> str:
-    """The JSON ``error`` of an error answer, else its reason phrase."""
+    """The JSON ``error`` of an error answer, else its reason phrase (the
+    standard one when the server sent none, as HTTP/2-era servers do)."""
+    reason = str(exc.reason or http.client.responses.get(exc.code, ""))
     try:
         body = json.loads(exc.read())
     except (ValueError, OSError):
-        return str(exc.reason)
-    return str(body.get("error", exc.reason)) if isinstance(body, dict) else str(exc.reason)
+        return reason
+    return str(body.get("error", reason)) if isinstance(body, dict) else reason

@@ -22,7 +22,6 @@ import ssl
 import threading
 import time
 from concurrent import futures
-from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +30,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 
 from ..config import CollectorConfig, read_token
 from ..errors import ConfigError, StorageError
-from ..httpserve import Reply, serve
+from ..httpserve import Reply, Server, serve
 from ..metrics import CollectorMetrics
 from ..proto import profilestore_pb2 as ps
 from ..proto import profilestore_pb2_grpc as ps_grpc
@@ -132,7 +131,7 @@ class Collector:
         self._refused_at, self._refused_why = -1e9, ""
         self.api = Api(self.store)
         self._grpc: Any = None
-        self._http: ThreadingHTTPServer | None = None
+        self._http: Server | None = None
         self._stop = threading.Event()
         self._closed = False
 
