@@ -16,8 +16,8 @@ import pytest
 
 from ember.collector.server import Collector
 from ember.config import CollectorConfig
-from tests.export.test_spool import fill, tiny_filesystem
 from tests.support.agent import agent_cfg, running_agent
+from tests.support.disks import fill, tiny_filesystem
 from tests.support.net import free_port
 
 pytestmark = pytest.mark.bpf

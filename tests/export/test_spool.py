@@ -1,14 +1,12 @@
 from __future__ import annotations
 
-import contextlib
 import os
-import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from ember.export.spool import QUARANTINE, QUARANTINE_KEEP, Spool
+from tests.support.disks import fill, tiny_filesystem
 
 
 def test_oldest_first_and_survives_reopen(tmp_path: Path) -> None:
@@ -63,28 +61,6 @@ def test_quarantine_keeps_the_newest(tmp_path: Path) -> None:
     kept = sorted(p.name for p in (tmp_path / QUARANTINE).iterdir())
     assert len(kept) == QUARANTINE_KEEP and kept[-1].startswith(f"{QUARANTINE_KEEP + 5:020d}")
     assert s.quarantined == QUARANTINE_KEEP + 5
-
-
-@contextlib.contextmanager
-def tiny_filesystem(where: Path, size: str = "64k") -> Iterator[Path]:
-    """A real filesystem of a few pages (tmpfs; mounting needs root)."""
-    where.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)],
-                   check=True)
-    try:
-        yield where
-    finally:
-        subprocess.run(["umount", "-l", str(where)], check=False)
-
-
-def fill(where: Path) -> Path:
-    """Fill a filesystem to the last byte; returns the filler file."""
-    filler = where / "filler"
-    with open(filler, "wb", buffering=0) as f, contextlib.suppress(OSError):
-        while True:
-            f.write(b"\0" * 4096)
-            f.flush()
-    return filler
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small filesystem needs root")
