@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import gzip
 
+import pytest
+
 from ember.encode.pprof import decode_pprof, encode_pprof
 from tests.support.profiles import EXE, cpu_profile, offcpu_profile
 
@@ -88,3 +90,18 @@ def test_inlined_frames_share_one_location_with_lines() -> None:
         ("scramble", src, 19), ("mix", src, 26), ("work", src, 33)]
     _, samples = from_proto(p)
     assert samples[0].frames == frames
+
+
+def test_gunzip_bounds_the_total_of_every_member() -> None:
+    from ember.encode.pprof import TooLarge, gunzip
+
+    member = gzip.compress(b"x" * 1000)
+    assert gunzip(member * 3 + b"\0\0", 3000) == b"x" * 3000  # zero padding is fine
+    with pytest.raises(TooLarge, match="decompresses to more than 2999 bytes"):
+        gunzip(member * 3, 2999)  # each member fits, the three do not
+    with pytest.raises(ValueError, match="cut short"):
+        gunzip(member[:-4], 3000)
+    with pytest.raises(ValueError, match="garbage after"):
+        gunzip(member + b"junk", 3000)
+    with pytest.raises(TooLarge):
+        decode_pprof(gzip.compress(b"\0" * (1 << 20)), max_size=1 << 16)

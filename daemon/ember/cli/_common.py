@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import signal
 import sys
 import threading
@@ -148,3 +149,31 @@ def stop_and_reload_events() -> tuple[threading.Event, threading.Event]:
     stop, reload = stop_event(), threading.Event()
     signal.signal(signal.SIGHUP, lambda *_: reload.set())
     return stop, reload
+
+
+#: ``--max-input-size``'s default: flamegraph/inputs.py MAX_INPUT_SIZE, not
+#: imported (the parser is built without the flame graph code); a test
+#: keeps the two equal.
+MAX_INPUT_SIZE = 1 << 30
+_SHORT_UNIT = re.compile(r"^\s*(\d+)\s*([KMGT])\s*$")
+
+
+def size_arg(text: str) -> int:
+    """A size as the config file writes it (``512MiB``, ``1GiB``,
+    ``4096``), or with a one-letter binary unit (``512M``)."""
+    from ..config.units import parse_size  # its package reads YAML: not for --help
+
+    short = _SHORT_UNIT.match(text)
+    try:
+        size = parse_size(f"{short[1]}{short[2]}iB" if short else text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if size <= 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0: {text!r}")
+    return size
+
+
+def add_max_input_size(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--max-input-size", type=size_arg, default=MAX_INPUT_SIZE, metavar="SIZE",
+                   help="refuse an input of more folded text than this, or a gzip that "
+                        "inflates past it (e.g. 512M, 2GiB; default 1GiB)")

@@ -1,6 +1,7 @@
 """``ember diff``: its arguments, and a run that renders a differential flame
 graph through the flamegraph stage (and, optionally, the two-column text).
-Inputs may be collector URLs, fetched with --token-file and --ca."""
+Inputs may be collector URLs, fetched with --token-file and --ca; each is
+bounded by --max-input-size."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from ..errors import UsageError
 from ._common import (
     Command,
     add_collector_access,
+    add_max_input_size,
     check_output,
     collector_token,
     int_arg,
@@ -31,6 +33,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--title")
     p.add_argument("--countname", default="samples")
     p.add_argument("--width", type=int_arg, default=1200)
+    add_max_input_size(p)
     add_collector_access(p)
 
 
@@ -43,7 +46,8 @@ def run(args: argparse.Namespace) -> int:
         check_output(args.folded)
     text, two_column = diff(args.before, args.after, args.normalize, args.strip_hex,
                             args.negate, args.title, args.countname, args.width,
-                            token=collector_token(args), cafile=args.ca)
+                            token=collector_token(args), cafile=args.ca,
+                            max_size=args.max_input_size)
     write_graph(args.output, text, args.title or "ember differential flame graph")
     if args.folded:
         write(args.folded, two_column.encode())

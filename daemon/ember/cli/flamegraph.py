@@ -1,13 +1,21 @@
 """``ember flamegraph``: its arguments, and a run that renders through the
 flamegraph stage and writes an SVG or an HTML page. Inputs may be collector
-URLs, fetched with --token-file and --ca."""
+URLs, fetched with --token-file and --ca; every input is bounded by
+--max-input-size."""
 
 from __future__ import annotations
 
 import argparse
 
 from ..errors import UsageError
-from ._common import Command, add_collector_access, collector_token, int_arg, write_graph
+from ._common import (
+    Command,
+    add_collector_access,
+    add_max_input_size,
+    collector_token,
+    int_arg,
+    write_graph,
+)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -23,6 +31,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="hot/cold: add this off-CPU profile; widths in time")
     p.add_argument("--frequency", type=int_arg,
                    help="hot/cold with folded on-CPU input: its sampling frequency")
+    add_max_input_size(p)
     add_collector_access(p)
 
 
@@ -33,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
 
     text = flamegraph(args.input, args.title, args.countname, args.palette, args.inverted,
                       args.width, args.cold, args.frequency, token=collector_token(args),
-                      cafile=args.ca)
+                      cafile=args.ca, max_size=args.max_input_size)
     write_graph(args.output, text, args.title or "ember flame graph")
     return 0
 

@@ -7,7 +7,8 @@ the OpenTelemetry semantic conventions where one exists), one Profile per
 value type (OTLP profiles have a single sample type each: CPU samples and
 CPU time become two profiles over the same stacks), and one dictionary
 shared by all of them. Index 0 of every table is the zero value, as the
-format requires. Stacks are root first in ember and leaf first in OTLP.
+format requires. Stacks are root first in ember and leaf first in OTLP, and
+capped at ``MAX_STACK_DEPTH`` frames (``encode.depth``).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from opentelemetry.proto.profiles.v1development import profiles_pb2 as pb
 from opentelemetry.proto.resource.v1 import resource_pb2
 
 from ..model import Frame, Mapping, Profile, location_groups
+from .depth import cap_frames
 
 #: ember label -> OpenTelemetry resource attribute (semantic conventions).
 RESOURCE_KEYS = {
@@ -137,7 +139,7 @@ def to_otlp(profiles: Sequence[Profile]) -> svc.ExportProfilesServiceRequest:
     for p in profiles:
         rp = req.resource_profiles.add(resource=_resource(dict(p.labels)))
         sp = rp.scope_profiles.add(scope=SCOPE)
-        stacks = [t.stack(s.frames) for s in p.samples]
+        stacks = [t.stack(cap_frames(s.frames)) for s in p.samples]
         sample_attrs = [[t.attribute("thread.id", str(s.tid)),
                          t.attribute("thread.name", s.thread_name),
                          *(t.attribute(k, v) for k, v in s.labels)] for s in p.samples]

@@ -3,11 +3,14 @@
 Ids of mappings, locations and functions are their list position + 1, and the
 string table starts with "" (what `go tool pprof` and Parca's server expect).
 Synthetic frames get a location without a mapping, so they show by name.
+Stacks are capped at ``MAX_STACK_DEPTH`` frames (``encode.depth``); decoding
+an untrusted file takes a bound on what its gzip may inflate to.
 """
 
 from __future__ import annotations
 
 import gzip
+import zlib
 
 from ..model import (
     KERNEL_MAPPING,
@@ -20,6 +23,14 @@ from ..model import (
     location_groups,
 )
 from ..proto import profile_pb2 as pb
+from .depth import cap_frames
+
+GZIP_MAGIC = b"\x1f\x8b"
+_PIECE = 1 << 16  # compressed bytes handed to zlib at a time
+
+
+class TooLarge(ValueError):
+    """Compressed data that inflates past the caller's limit."""
 
 
 class _Strings:
@@ -95,7 +106,7 @@ def to_proto_with_mappings(profile: Profile) -> tuple[pb.Profile, list[Mapping]]
 
     for s in profile.samples:
         sample = p.sample.add(value=list(s.values), location_id=[
-            location_id(group) for group in location_groups(s.frames)])
+            location_id(group) for group in location_groups(cap_frames(s.frames))])
         sample.label.add(key=st("pid"), num=s.pid)
         sample.label.add(key=st("tid"), num=s.tid)
         sample.label.add(key=st("thread_name"), str=st(s.thread_name))
@@ -109,12 +120,46 @@ def encode_pprof(profile: Profile) -> bytes:
     return gzip.compress(to_proto(profile).SerializeToString(), mtime=0)
 
 
-def decode_pprof(data: bytes) -> pb.Profile:
-    if data[:2] == b"\x1f\x8b":
-        data = gzip.decompress(data)
+def decode_pprof(data: bytes, max_size: int | None = None) -> pb.Profile:
+    """The profile of a pprof file, gzip or not; with ``max_size``, one that
+    inflates past it is refused (TooLarge) before it takes the memory."""
+    raw: bytes | bytearray = data
+    if data[:2] == GZIP_MAGIC:
+        raw = gzip.decompress(data) if max_size is None else gunzip(data, max_size)
     p = pb.Profile()
-    p.ParseFromString(data)
+    # any buffer parses; a bytes copy of an inflated file would double its memory
+    p.ParseFromString(raw)  # type: ignore[arg-type]
     return p
+
+
+def gunzip(data: bytes, max_size: int) -> bytearray:
+    """Every gzip member of data, inflated a bounded piece at a time: a
+    15 MB file can inflate to gigabytes, and a file of many members to as
+    much again, so the running total over all of them is what is checked.
+    TooLarge past max_size; ValueError for data that is not gzip or is cut
+    short. Zero bytes after the last member (padding) are ignored. Input goes
+    in pieces so that a file of many small members is not copied once per
+    member."""
+    out = bytearray()
+    view = memoryview(data)
+    pos = 0
+    while data[pos:pos + 2] == GZIP_MAGIC:
+        member = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        while not member.eof:
+            if pos >= len(data):
+                raise ValueError("gzip data cut short")
+            piece = view[pos:pos + _PIECE]
+            pos += len(piece)
+            try:  # at most one byte past the limit: enough to know it is passed
+                out += member.decompress(piece, max_size - len(out) + 1)
+            except zlib.error as exc:
+                raise ValueError(f"bad gzip data: {exc}") from None
+            if len(out) > max_size:
+                raise TooLarge(f"decompresses to more than {max_size} bytes")
+        pos -= len(member.unused_data)
+    if data[pos:].strip(b"\0"):
+        raise ValueError("not gzip data" if pos == 0 else "garbage after the gzip data")
+    return out
 
 
 def from_proto(p: pb.Profile) -> tuple[ProfileType, list[Sample]]:

@@ -12,7 +12,7 @@ from collections import Counter
 
 from ..errors import UsageError
 from . import svg
-from .inputs import Stacks, as_time, load, strip_hex
+from .inputs import MAX_INPUT_SIZE, Stacks, as_time, load, strip_hex
 
 
 def _time_display(total_ns: float) -> tuple[str, float]:
@@ -51,25 +51,29 @@ def hotcold_graph(on: Stacks, off: Stacks, title: str | None = None,
 def flamegraph(source: str, title: str | None = None, countname: str = "samples",
                palette: str = "auto", inverted: bool = False, width: int = 1200,
                cold: str | None = None, frequency: int | None = None, *,
-               token: str = "", cafile: str | None = None) -> str:
+               token: str = "", cafile: str | None = None,
+               max_size: int = MAX_INPUT_SIZE) -> str:
     """The SVG of a source (with cold, hot/cold); collector URLs are fetched
-    with the bearer token and checked against cafile."""
-    hot = load(source, countname, token=token, cafile=cafile)
+    with the bearer token and checked against cafile; max_size bounds each
+    input (``inputs.load``)."""
+    hot = load(source, countname, token=token, cafile=cafile, max_size=max_size)
     if cold is None:
         return graph(hot, title, countname, palette, inverted, width)
     on = as_time(hot, frequency, source)
-    off = as_time(load(cold, "us", token=token, cafile=cafile), frequency, cold)
+    off = as_time(load(cold, "us", token=token, cafile=cafile, max_size=max_size), frequency,
+                  cold)
     return hotcold_graph(on, off, title, countname, palette, inverted, width)
 
 
 def diff(before_src: str, after_src: str, normalize: bool = False, strip: bool = False,
          negate: bool = False, title: str | None = None, countname: str = "samples",
-         width: int = 1200, *, token: str = "", cafile: str | None = None
-         ) -> tuple[str, str]:
-    """(SVG, two-column folded diff "stack before after")."""
-    return diff_graph(load(before_src, countname, token=token, cafile=cafile),
-                      load(after_src, countname, token=token, cafile=cafile), normalize,
-                      strip, negate, title, countname, width)
+         width: int = 1200, *, token: str = "", cafile: str | None = None,
+         max_size: int = MAX_INPUT_SIZE) -> tuple[str, str]:
+    """(SVG, two-column folded diff "stack before after"); max_size bounds
+    each input (``inputs.load``)."""
+    before = load(before_src, countname, token=token, cafile=cafile, max_size=max_size)
+    after = load(after_src, countname, token=token, cafile=cafile, max_size=max_size)
+    return diff_graph(before, after, normalize, strip, negate, title, countname, width)
 
 
 def diff_graph(before: Stacks, after: Stacks, normalize: bool = False, strip: bool = False,

@@ -5,24 +5,28 @@ standard input, or a collector query URL (http[s]://.../api/v1/profile?...,
 fetched as pprof, with the collector's bearer token and CA when the caller
 has them). pprof inputs carry their unit: a time profile (cpu or
 off_cpu nanoseconds) is shown in ms/s; folded inputs are counts, or time
-when ``--countname`` is a time unit (ns, us, ms, s). Kept apart from the
+when ``--countname`` is a time unit (ns, us, ms, s). Inputs are untrusted:
+folded text is read and summed a chunk at a time, every input is bounded
+(``MAX_INPUT_SIZE``, gzip included), and stacks deeper than
+``MAX_STACK_DEPTH`` keep their leafmost frames. Kept apart from the
 drawing (graphs.py) because the collector makes the same ``Stacks`` from
 profiles it has merged, without reading any source.
 """
 
 from __future__ import annotations
 
+import io
 import re
 import sys
 import urllib.parse
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from pathlib import Path
+from typing import BinaryIO
 
 from .. import abi
-from ..encode.folded import fold, parse_folded
-from ..encode.pprof import decode_pprof, from_proto
+from ..encode.folded import FoldedError, fold, read_folded
+from ..encode.pprof import GZIP_MAGIC, TooLarge, decode_pprof, from_proto
 from ..errors import EmberError, UsageError
 from ..httpserve import fetch
 from ..model import Frame, FrameKind, Profile, ProfileType, Sample, merge_samples
@@ -48,53 +52,114 @@ class Stacks:
         return float(sum(self.stacks.values()))
 
 
-def _read(source: str, token: str = "", cafile: str | None = None) -> bytes:
-    if source == "-":
-        return sys.stdin.buffer.read()
+#: The default bound on an input: bytes of folded text, or what a gzip pprof
+#: may inflate to (``--max-input-size``). A real profile of 200k distinct
+#: stacks is a few tens of MB; past a GiB it is a mistake or an attack.
+MAX_INPUT_SIZE = 1 << 30
+_CHUNK = 1 << 20  # bytes read at a time
+_PEEK = 64 << 10  # bytes looked at to tell text from binary
+
+
+def load(source: str, countname: str = "samples", *, token: str = "",
+         cafile: str | None = None, max_size: int = MAX_INPUT_SIZE) -> Stacks:
+    """Stacks from a source; token and cafile only matter for a collector URL
+    (see ``httpserve.fetch``). Files and standard input are read as a
+    stream; max_size bounds the folded text read and what a gzip inflates
+    to (UsageError past it)."""
     if source.startswith(("http://", "https://")):
-        url = urllib.parse.urlparse(source)
-        q = urllib.parse.parse_qs(url.query)
-        q["format"] = ["pprof"]
-        full = url._replace(query=urllib.parse.urlencode(q, doseq=True)).geturl()
-        try:
-            return fetch(full, token=token, cafile=cafile)
-        except EmberError as exc:
-            raise UsageError(f"cannot fetch {source}: {exc}") from None
+        return load_stream(io.BytesIO(_fetch(source, token, cafile)), source, countname,
+                           max_size)
+    if source == "-":
+        return load_stream(sys.stdin.buffer, source, countname, max_size)
     try:
-        return Path(source).read_bytes()
+        with open(source, "rb") as stream:
+            return load_stream(stream, source, countname, max_size)
     except OSError as exc:
         raise UsageError(f"cannot read {source}: {exc.strerror}") from None
 
 
-def load(source: str, countname: str = "samples", *, token: str = "",
-         cafile: str | None = None) -> Stacks:
-    """Stacks from a source; token and cafile only matter for a collector URL
-    (see ``httpserve.fetch``)."""
-    data = _read(source, token, cafile)
-    text: str | None = None
-    if data[:2] != b"\x1f\x8b":
-        try:
-            text = data.decode("utf-8")
-        except UnicodeDecodeError:
-            text = None
-    if text is not None:
-        try:
-            stacks = parse_folded(text)
-        except ValueError as exc:
-            if text.strip() and "\0" not in text:
-                raise UsageError(f"{source}: not folded stacks: {exc}") from None
-        else:
-            unit = "ns" if countname in TIME_UNITS else countname
-            if countname in TIME_UNITS and countname != "ns":
-                stacks = Counter({k: int(v * TIME_UNITS[countname]) for k, v in stacks.items()})
-            # ember's off-CPU stacks end in a thread-state frame ([sleeping], ...)
-            offcpu = any(k.rpartition(";")[2] in _STATE_FRAMES for k in stacks)
-            return Stacks(stacks, unit, {}, offcpu=offcpu)
+def _fetch(source: str, token: str, cafile: str | None) -> bytes:
+    url = urllib.parse.urlparse(source)
+    q = urllib.parse.parse_qs(url.query)
+    q["format"] = ["pprof"]
+    full = url._replace(query=urllib.parse.urlencode(q, doseq=True)).geturl()
     try:
-        ptype, samples = from_proto(decode_pprof(data))
+        return fetch(full, token=token, cafile=cafile)
+    except EmberError as exc:
+        raise UsageError(f"cannot fetch {source}: {exc}") from None
+
+
+def load_stream(stream: BinaryIO, source: str, countname: str = "samples",
+                max_size: int = MAX_INPUT_SIZE) -> Stacks:
+    """Stacks from an open binary stream that ``source`` names in messages.
+    gzip is pprof; text is folded stacks, read a chunk at a time; binary
+    that is not a pprof is still tried as folded text (a thread name may
+    hold any byte). Every failure is a UsageError."""
+    head = stream.read(_PEEK)
+    if head[:2] == GZIP_MAGIC:
+        return _pprof(source, _read_all(head, stream, source, max_size), max_size)
+    if not _looks_binary(head):
+        return _folded(source, _chunks(head, stream, source, max_size), countname)
+    data = _read_all(head, stream, source, max_size)
+    try:
+        return _pprof(source, data, max_size)
+    except UsageError as not_pprof:
+        try:
+            return _folded(source, [data], countname)
+        except UsageError:
+            raise not_pprof from None
+
+
+def _looks_binary(head: bytes) -> bool:
+    """Control bytes where text has none: every pprof has some in its first
+    field tags (raw protobuf), folded text almost never."""
+    return bool(head.translate(None, _TEXT_BYTES))
+
+
+_TEXT_BYTES = bytes(range(0x20, 0x100)) + b"\t\n\r\f\v"
+
+
+def _chunks(head: bytes, stream: BinaryIO, source: str, max_size: int) -> Iterator[bytes]:
+    """The stream in chunks, head first; UsageError past max_size bytes."""
+    total = len(head)
+    chunk = head
+    while chunk:
+        if total > max_size:
+            raise UsageError(f"{source}: larger than {max_size} bytes (see --max-input-size)")
+        yield chunk
+        try:
+            chunk = stream.read(_CHUNK)
+        except OSError as exc:
+            raise UsageError(f"cannot read {source}: {exc.strerror}") from None
+        total += len(chunk)
+
+
+def _read_all(head: bytes, stream: BinaryIO, source: str, max_size: int) -> bytes:
+    return b"".join(_chunks(head, stream, source, max_size))
+
+
+def _folded(source: str, chunks: Iterable[bytes], countname: str) -> Stacks:
+    try:
+        stacks = read_folded(chunks)
+    except FoldedError as exc:
+        raise UsageError(f"{source}:{exc.lineno}: {exc.problem}") from None
+    unit = "ns" if countname in TIME_UNITS else countname
+    if countname in TIME_UNITS and countname != "ns":
+        stacks = Counter({k: int(v * TIME_UNITS[countname]) for k, v in stacks.items()})
+    # ember's off-CPU stacks end in a thread-state frame ([sleeping], ...)
+    offcpu = any(k.rpartition(";")[2] in _STATE_FRAMES for k in stacks)
+    return Stacks(stacks, unit, {}, offcpu=offcpu)
+
+
+def _pprof(source: str, data: bytes, max_size: int) -> Stacks:
+    """A pprof file's stacks. It is untrusted: one that decodes as protobuf
+    may still index past its tables, so any failure is the input's."""
+    try:
+        return stacks_of(*from_proto(decode_pprof(data, max_size)))
+    except TooLarge as exc:
+        raise UsageError(f"{source}: {exc}") from None
     except Exception as exc:
         raise UsageError(f"{source}: neither folded stacks nor a pprof profile ({exc})") from None
-    return stacks_of(ptype, samples)
 
 
 def stacks_of(ptype: ProfileType, samples: Sequence[Sample]) -> Stacks:

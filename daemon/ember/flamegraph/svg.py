@@ -23,11 +23,12 @@ import functools
 import gc
 import hashlib
 import html
-from collections.abc import Iterable, Iterator, Mapping
+import re
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
 
-from ..model import FrameKind
+from ..model import MAX_STACK_DEPTH, TRUNCATED, FrameKind, cap_depth
 
 FRAME_H = 16
 FONT = 12
@@ -57,7 +58,9 @@ class Node:
 def build_tree(stacks: Mapping[str, float], other: Mapping[str, float] | None = None,
                kinds: Mapping[str, str] | None = None) -> Node:
     """Folded stacks -> tree. ``other`` adds a second value per frame (the
-    baseline of a diff, or the off-CPU share of hot/cold)."""
+    baseline of a diff, or the off-CPU share of hot/cold). Stacks deeper
+    than ``MAX_STACK_DEPTH`` keep their leafmost frames under a root
+    ``[truncated]`` frame, whoever made them."""
     with _no_gc():
         return _build_tree(stacks, other, kinds)
 
@@ -99,7 +102,10 @@ def _build_tree(stacks: Mapping[str, float], other: Mapping[str, float] | None,
                 node.other += v
             else:
                 node.value += v
-            for name in stack.split(";"):
+            names: Sequence[str] = stack.split(";")
+            if len(names) > MAX_STACK_DEPTH:
+                names = cap_depth(names, TRUNCATED)
+            for name in names:
                 if name == "-":
                     after_delim = True
                     continue
@@ -119,7 +125,8 @@ def _build_tree(stacks: Mapping[str, float], other: Mapping[str, float] | None,
 
 def _hash(name: str) -> float:
     """A stable number in [0, 1) per name (not Python's salted hash())."""
-    return int.from_bytes(hashlib.blake2s(name.encode(), digest_size=4).digest(), "big") / 2**32
+    data = name.encode("utf-8", "surrogatepass")  # any str: names are untrusted
+    return int.from_bytes(hashlib.blake2s(data, digest_size=4).digest(), "big") / 2**32
 
 
 def colour(name: str, kind: str, palette: str) -> str:
@@ -206,7 +213,7 @@ def _render(root: Node, o: Options) -> str:
     def y_of(depth: int) -> int:
         return PAD_TOP + (depth if o.inverted else max_depth - depth) * FRAME_H
 
-    def emit(node: Node, offset: float, depth: int, title_extra: str = "") -> None:
+    def emit(node: Node, offset: float, depth: int, title_extra: str) -> None:
         pct = 100.0 * node.value / total if total else 0.0
         if o.mode == "diff":
             # red always means "grew from before to after"
@@ -226,15 +233,20 @@ def _render(root: Node, o: Options) -> str:
         x = PAD_X + offset * scale
         w = node.value * scale
         y = y_of(depth)
-        esc = html.escape(node.name, quote=True)
+        esc = escape(node.name)
         label = _label(node.name, w)
-        text = (f'<text x="{x + 3:.1f}" y="{y + FRAME_H // 2}">{html.escape(label)}</text>'
+        text = (f'<text x="{x + 3:.1f}" y="{y + FRAME_H // 2}">{escape(label)}</text>'
                 if label else "")
         frames.append(
             f'<g class="f" data-n="{esc}" data-v="{_exact(node.value)}" data-o="{_exact(offset)}" '
-            f'data-d="{depth}"><title>{esc} ({html.escape(info)}{title_extra})</title>'
+            f'data-d="{depth}"><title>{esc} ({escape(info + title_extra)})</title>'
             f'<rect x="{x:.1f}" y="{y}" width="{w:.1f}" height="{FRAME_H - 1}" '
             f'fill="{fill}"/>{text}</g>')
+
+    def above(node: Node, offset: float, depth: int) -> list[_Drawn]:
+        """What is drawn on top of node, left to right: its children wide
+        enough to see, each run of narrower ones merged into one frame."""
+        out: list[_Drawn] = []
         child_off = offset
         narrow: list[Node] = []
         for name in sorted(node.children):
@@ -245,33 +257,63 @@ def _render(root: Node, o: Options) -> str:
                 narrow.append(c)
                 continue
             if narrow:
-                child_off = flush(narrow, child_off, depth + 1)
+                child_off = merge(narrow, child_off, depth, out)
                 narrow = []
-            emit(c, child_off, depth + 1)
+            out.append((c, child_off, depth, ""))
             child_off += c.value
         if narrow:
-            flush(narrow, child_off, depth + 1)
+            merge(narrow, child_off, depth, out)
+        return out
 
-    def flush(narrow: list[Node], offset: float, depth: int) -> float:
+    def merge(narrow: list[Node], offset: float, depth: int, out: list[_Drawn]) -> float:
         if len(narrow) == 1:
-            emit(narrow[0], offset, depth)
+            out.append((narrow[0], offset, depth, ""))
             return offset + narrow[0].value
         merged = Node(NARROW.format(n=len(narrow)), sum(c.value for c in narrow),
                       sum(c.other for c in narrow), str(FrameKind.SYNTHETIC))
         names = ", ".join(c.name for c in narrow[:8]) + (", ..." if len(narrow) > 8 else "")
-        emit(merged, offset, depth, f"; {names}")  # kept even if narrow: its weight counts
+        out.append((merged, offset, depth, f"; {names}"))  # kept even if narrow: its weight counts
         return offset + merged.value
 
-    emit(root, 0.0, 0)
+    # depth first, left to right, with a list for a stack: a recursion would
+    # stop at Python's limit (about 1000 frames) on a deep stack
+    drawing: list[_Drawn] = [(root, 0.0, 0, "")]
+    while drawing:
+        node, offset, depth, extra = drawing.pop()
+        emit(node, offset, depth, extra)
+        drawing.extend(reversed(above(node, offset, depth + 1)))
     height = PAD_TOP + (max_depth + 1) * FRAME_H + PAD_BOTTOM
     body = "\n".join(frames)
     return _SVG.format(
-        width=o.width, height=height, title=html.escape(o.title),
+        width=o.width, height=height, title=escape(o.title),
         body=body, script=_script(), plot_w=plot_w, pad_x=PAD_X, frame_h=FRAME_H,
         pad_top=PAD_TOP, depth=max_depth, inverted="true" if o.inverted else "false",
-        unit=html.escape(o.unit or o.countname), scale=o.unit_scale if o.unit else 1,
+        unit=escape(o.unit or o.countname), scale=o.unit_scale if o.unit else 1,
         total=_exact(total), details_y=height - 12, font=FONT, half=o.width // 2,
         search_x=o.width - 120)
+
+
+#: A frame to draw: node, offset, depth, and what its title adds.
+_Drawn = tuple[Node, float, int, str]
+
+#: What XML 1.0 does not allow in a document, even escaped (C0 controls but
+#: tab, newline and carriage return; lone surrogates; U+FFFE and U+FFFF),
+#: and the whitespace a parser would turn into spaces or drop unless it is
+#: written as a character reference.
+_NOT_XML = re.compile("[\x00-\x1f\ud800-\udfff\ufffe\uffff]")
+_KEPT = {"\t": "&#9;", "\n": "&#10;", "\r": "&#13;"}
+
+
+def escape(text: str) -> str:
+    """Text for an attribute or element of the SVG, read back as it was.
+    Names are untrusted (any byte a thread or symbol name holds): a single
+    character XML forbids would make the whole graph unreadable, so such
+    characters become U+FFFD."""
+    return _NOT_XML.sub(_replace, html.escape(text, quote=True))
+
+
+def _replace(m: re.Match[str]) -> str:
+    return _KEPT.get(m[0], "\ufffd")
 
 
 def _exact(x: float) -> str:
@@ -323,7 +365,7 @@ def _script() -> str:
 
 def to_html(svg: str, title: str) -> str:
     body = svg.split("?>", 1)[1] if svg.startswith("<?xml") else svg
-    return (f"<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>{html.escape(title)}"
+    return (f"<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>{escape(title)}"
             f"</title></head><body style=\"margin:0\">{body}</body></html>\n")
 
 
