@@ -414,6 +414,14 @@ class CollectorMetrics:
         self.storage_bytes = Gauge("ember_collector_storage_bytes", "Database size", registry=r)
         self.queries = Counter("ember_collector_queries_total", "HTTP API requests by status",
                                ["code"], registry=r)
+        self.rows_skipped = Counter(
+            "ember_collector_rows_skipped_total",
+            "Stored profiles a query left out, by reason (corrupt: not a readable profile; "
+            "shape: other sample types than the rest)", ["reason"], registry=r)
+        self.repaired = Counter(
+            "ember_collector_profiles_repaired_total",
+            "Profiles accepted after a repair, by kind (utf8: strings made valid UTF-8; "
+            "depth: stacks capped at the depth limit)", ["reason"], registry=r)
 
 
 def reference() -> str:

@@ -21,6 +21,7 @@ import socket
 import ssl
 import threading
 import time
+from collections import Counter
 from concurrent import futures
 from pathlib import Path
 from typing import Any
@@ -82,7 +83,8 @@ class _Servicer(ps_grpc.ProfileStoreServiceServicer):
             c.metrics.requests.labels("unauthenticated").inc()
             context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token")
         try:
-            profiles = check_request(request, c.limits, time.time_ns())
+            repairs: Counter[str] = Counter()
+            profiles = check_request(request, c.limits, time.time_ns(), repairs)
         except InvalidRequest as exc:
             c.metrics.requests.labels("invalid_argument").inc()
             c.metrics.rejected.labels("invalid").inc()
@@ -102,6 +104,8 @@ class _Servicer(ps_grpc.ProfileStoreServiceServicer):
             log.exception("store failed")
             c.metrics.requests.labels("internal").inc()
             context.abort(grpc.StatusCode.INTERNAL, f"store failed: {exc}")
+        for kind, n in repairs.items():
+            c.metrics.repaired.labels(kind).inc(n)
         c.metrics.profiles.inc(stored)
         c.metrics.duplicates.inc(dup)
         c.metrics.requests.labels("ok").inc()
@@ -129,7 +133,8 @@ class Collector:
         self.store = Store(cfg.storage)
         self.metrics.storage_bytes.set_function(self.store.size_bytes)
         self._refused_at, self._refused_why = -1e9, ""
-        self.api = Api(self.store)
+        self.api = Api(self.store, self.limits,
+                       on_skip=lambda why, n: self.metrics.rows_skipped.labels(why).inc(n))
         self._grpc: Any = None
         self._http: Server | None = None
         self._stop = threading.Event()
