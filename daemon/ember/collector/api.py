@@ -30,10 +30,11 @@ from urllib.parse import unquote
 from ..config import parse_duration
 from ..flamegraph.graphs import diff_graph, graph, hotcold_graph, top_functions
 from ..flamegraph.inputs import Stacks, stacks_of
-from ..httpserve import Reply
+from ..httpserve import Reply, check_cancelled
 from ..model import CPU, OFFCPU
 from .query import FORMATS, TYPE_ALIASES, Merged, merge, render
 from .store import Store
+from .validate import DEFAULT_LIMITS, INT64_MAX, Limits
 
 Query = dict[str, list[str]]
 Route = Callable[[Query], Reply]
@@ -64,23 +65,44 @@ def _type(q: Query) -> str:
     return _param(q, "type", CPU.name)
 
 
+#: The longest ``since``: retention is counted in days, never years.
+MAX_SINCE_DAYS = 400
+MAX_LIMIT = 10_000  # rows of /top
+MAX_BUCKETS = 500  # bars of /timeline
+MAX_WIDTH = 100_000  # pixels asked of a flame graph (drawn at 300..8000)
+
+
+def _int(q: Query, name: str, default: int, low: int, high: int, what: str) -> int:
+    """An integer parameter in [low, high]; ValueError naming it otherwise."""
+    text = _param(q, name, str(default))
+    try:
+        value = int(text)
+    except ValueError:  # also digits past Python's int() limit
+        value = None
+    if value is None or not low <= value <= high:
+        raise ValueError(f"{name} must be {what} from {low} to {high}, not {text[:40]!r}")
+    return value
+
+
 def _select(q: Query, prefix: str = "") -> tuple[int, int, dict[str, str]]:
     """(start_ns, end_ns, matchers) from since / from+to and match params
     (prefix "a_" / "b_" for the two sides of a diff)."""
-    def get(name: str, default: str | None = None) -> str | None:
-        v = q.get(prefix + name) or ([default] if default is not None else None)
-        return v[-1] if v else None
-
     now = time.time_ns()
-    if get("from") is not None or get("to") is not None:
-        try:
-            start = int(get("from", "0") or 0)
-            end = int(get("to", str(now)) or now)
-        except ValueError:
-            raise ValueError("from and to are Unix times in nanoseconds") from None
+    if prefix + "from" in q or prefix + "to" in q:
+        unix_ns = "a Unix time in nanoseconds"
+        start = _int(q, prefix + "from", 0, 0, INT64_MAX, unix_ns)
+        end = _int(q, prefix + "to", now, 0, INT64_MAX, unix_ns)
     else:
-        start = now - int(parse_duration(get("since", "1h") or "1h") * 1e9)
-        end = now
+        name = prefix + "since"
+        text = _param(q, name, "1h")
+        try:
+            seconds = parse_duration(text)
+        except ValueError:
+            seconds = -1.0
+        if not 0 < seconds <= MAX_SINCE_DAYS * 86400:
+            raise ValueError(f"{name} must be a duration up to {MAX_SINCE_DAYS}d "
+                             f"(e.g. 15m, 1h, 7d), not {text[:40]!r}")
+        start, end = now - int(seconds * 1e9), now
     if end <= start:
         raise ValueError("the time range is empty")
     return start, end, _matchers(q.get(prefix + "match", []))
@@ -99,18 +121,20 @@ def _matchers(params: list[str]) -> dict[str, str]:
 
 
 def _width(q: Query) -> int:
-    try:
-        return max(300, min(8000, int(_param(q, "width", "1200"))))
-    except ValueError:
-        raise ValueError("width must be a number of pixels") from None
+    """The flame graph's width, clamped to 300..8000: the page asks for its
+    frame's width, whatever the window."""
+    return max(300, min(8000, _int(q, "width", 1200, 0, MAX_WIDTH, "a number of pixels")))
 
 
 class Api:
     """The query routes over one store, in one table. Authentication, health
     and metrics stay with the Collector, which hands the rest here."""
 
-    def __init__(self, store: Store):
+    def __init__(self, store: Store, limits: Limits = DEFAULT_LIMITS,
+                 on_skip: Callable[[str, int], None] | None = None):
         self.store = store
+        self.limits = limits  # those the rows were written under
+        self.on_skip = on_skip  # hears of stored rows a merge left out
         self.routes: dict[str, Route] = {
             "/api/v1/profile": self._profile, "/api/v1/flamegraph": self._flamegraph,
             "/api/v1/diff": self._diff, "/api/v1/top": self._top,
@@ -142,7 +166,7 @@ class Api:
     def _merged(self, q: Query, type_: str, prefix: str = "") -> Merged:
         start, end, matchers = _select(q, prefix)
         merged = merge(self.store.query(start, end, matchers, TYPE_ALIASES.get(type_, type_)),
-                       start, end)
+                       start, end, self.limits, self.on_skip)
         if merged is None:
             raise LookupError("no profiles match")
         return merged
@@ -196,16 +220,17 @@ class Api:
 
     def _top(self, q: Query) -> Reply:
         s = self._stacks(q, _type(q))
-        rows = top_functions(s, limit=int(_param(q, "limit", "50")))
+        rows = top_functions(s, limit=_int(q, "limit", 50, 1, MAX_LIMIT, "a number of rows"))
         return _ok({"unit": s.unit, "total": s.total, "rows": rows})
 
     def _timeline(self, q: Query) -> Reply:
         start, end, matchers = _select(q)
         type_ = _type(q)
-        n = max(1, min(500, int(_param(q, "buckets", "60"))))
+        n = _int(q, "buckets", 60, 1, MAX_BUCKETS, "a number of buckets")
         width = (end - start) / n
         buckets = [0] * n
         for row in self.store.query(start, end, matchers, TYPE_ALIASES.get(type_, type_)):
+            check_cancelled()
             i = int((row.time_ns - start) / width)
             buckets[min(n - 1, max(0, i))] += row.samples
         return _ok({"start": start, "end": end, "bucket_ns": width, "values": buckets})

@@ -1,0 +1,107 @@
+"""The collector's HTTP side against misbehaving clients: idle connections
+to its HTTPS port do not hold up the API or the web UI, and a query whose
+client hung up stops merging."""
+
+from __future__ import annotations
+
+import itertools
+import socket
+import ssl
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from ember.collector.query import merge
+from ember.collector.server import Collector
+from ember.collector.store import Row, Store
+from ember.collector.validate import DEFAULT_LIMITS, INT64_MAX, check_request
+from ember.config import CollectorConfig
+from ember.httpserve import Cancelled, Reply, serve
+from ember.proto import profilestore_pb2 as ps
+from tests.support.collector import series
+from tests.support.tls import self_signed
+
+
+def get(port: int, path: str, client: ssl.SSLContext | None,
+        token: str = "") -> tuple[bytes, float]:
+    """(the whole answer, seconds it took) of one GET."""
+    t0 = time.monotonic()
+    auth = f"Authorization: Bearer {token}\r\n" if token else ""
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as plain:
+        sock = client.wrap_socket(plain, server_hostname="127.0.0.1") if client else plain
+        sock.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\n{auth}Connection: close\r\n\r\n"
+                     .encode())
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    return answer, time.monotonic() - t0
+
+
+@pytest.mark.skipif(not Path("/usr/bin/openssl").exists(), reason="openssl not installed")
+def test_idle_connections_hold_up_neither_api_nor_ui(tmp_path: Path) -> None:
+    key, cert = self_signed(tmp_path)
+    (tmp_path / "token").write_text("t0k")
+    c = Collector(CollectorConfig(grpc_listen="127.0.0.1:0", http_listen="127.0.0.1:0",
+                                  storage=str(tmp_path / "db.sqlite"), tls_cert=str(cert),
+                                  tls_key=str(key), token_file=str(tmp_path / "token")))
+    c.start()
+    client = ssl.create_default_context(cafile=str(cert))
+    idle = [socket.create_connection(("127.0.0.1", c.http_port)) for _ in range(10)]
+    try:
+        api, api_seconds = get(c.http_port, "/api/v1/labels", client, "t0k")
+        ui, ui_seconds = get(c.http_port, "/ui/app.js", client)
+        assert api.startswith(b"HTTP/1.1 200") and api.endswith(b'{"labels": []}')
+        assert ui.startswith(b"HTTP/1.1 200") and b"content-type: text/javascript" in ui.lower()
+        assert api_seconds < 1 and ui_seconds < 1, (api_seconds, ui_seconds)
+    finally:
+        for sock in idle:
+            sock.close()
+        c.close()
+
+
+@pytest.fixture
+def rows(tmp_path: Path) -> Iterator[list[Row]]:
+    store = Store(tmp_path / "db.sqlite")
+    store.write(check_request(ps.WriteRawRequest(series=[series(10)]), DEFAULT_LIMITS,
+                              time.time_ns()))
+    yield list(store.query(0, INT64_MAX, {}))
+    store.close()
+
+
+def test_a_query_whose_client_left_stops_merging(rows: list[Row]) -> None:
+    merged = 0
+    stopped = threading.Event()
+
+    def endless() -> Iterator[Row]:
+        """Rows for 10 s, as a query over a long range would merge."""
+        nonlocal merged
+        give_up = time.monotonic() + 10
+        for row in itertools.cycle(rows):
+            if time.monotonic() > give_up:
+                return
+            merged += 1
+            time.sleep(0.001)
+            yield row
+
+    def route(path: str, query: dict[str, list[str]], auth: str) -> Reply:
+        try:
+            merge(endless(), 0, INT64_MAX)
+        except Cancelled:
+            stopped.set()
+            raise
+        return 200, b"merged", "text/plain"
+
+    s = serve("127.0.0.1:0", route, "test")
+    try:
+        with socket.create_connection(("127.0.0.1", s.server_address[1])) as sock:
+            sock.sendall(b"GET /api/v1/profile HTTP/1.1\r\nHost: x\r\n\r\n")
+            deadline = time.monotonic() + 5
+            while merged < 10 and time.monotonic() < deadline:
+                time.sleep(0.01)
+        assert merged >= 10  # the query was running when the client left
+        assert stopped.wait(5)
+    finally:
+        s.shutdown()
