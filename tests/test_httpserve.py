@@ -91,6 +91,28 @@ def test_unreachable_names_the_server() -> None:
     assert type(info.value) is EmberError
 
 
+def test_an_answer_over_the_limit_is_refused(server: Server) -> None:
+    assert fetch(url_of(server, "/ok"), max_bytes=13) == b"profile bytes"
+    with pytest.raises(EmberError, match="the answer is larger than 12 bytes"):
+        fetch(url_of(server, "/ok"), max_bytes=12)
+
+
+def test_a_grpc_port_is_one_line(tmp_path: Path) -> None:
+    """ember query pointed at the collector's gRPC port: not HTTP/1.1."""
+    from ember.collector.server import Collector
+    from ember.config import CollectorConfig
+
+    c = Collector(CollectorConfig(grpc_listen="127.0.0.1:0", http_listen="127.0.0.1:0",
+                                  storage=str(tmp_path / "db.sqlite")))
+    c.start()
+    try:
+        with pytest.raises(EmberError, match=rf"^cannot reach http://127.0.0.1:{c.grpc_port}: "
+                                             "it does not answer HTTP"):
+            fetch(f"http://127.0.0.1:{c.grpc_port}/api/v1/profile", timeout=10)
+    finally:
+        c.close()
+
+
 @pytest.mark.parametrize("url", ["127.0.0.1:7072/api", "ftp://127.0.0.1/x", "localhost",
                                  "http://127.0.0.1:port/x", "http://[::1/x"])
 def test_not_an_http_url(url: str) -> None:

@@ -326,28 +326,40 @@ def _error(code: int, msg: str) -> Reply:
     return code, json.dumps({"error": msg}).encode(), "application/json"
 
 
-def fetch(url: str, token: str = "", cafile: str | None = None, timeout: float = 60.0) -> bytes:
+#: The largest answer fetch() reads unless told otherwise.
+MAX_ANSWER = 1 << 30
+
+
+def fetch(url: str, token: str = "", cafile: str | None = None, timeout: float = 60.0,
+          max_bytes: int = MAX_ANSWER) -> bytes:
     """The body of a GET of url, sent with ``Authorization: Bearer token``
     when a token is given, checking an https server against cafile when one
-    is given (the system's CAs otherwise).
+    is given (the system's CAs otherwise), read up to max_bytes.
 
     Raises EmberError: ``collector answered CODE: MSG`` for an HTTP error
     (MSG from its JSON ``error``, else the reason phrase), ``cannot reach
-    SCHEME://HOST: REASON`` when there is no answer; UsageError for what is
-    not an http(s) URL; ConfigError when cafile cannot be used."""
+    SCHEME://HOST: REASON`` when there is no answer or not HTTP (a gRPC
+    port), an answer over max_bytes; UsageError for what is not an http(s)
+    URL; ConfigError when cafile cannot be used."""
     origin = _origin(url)
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     context = _tls(cafile)
     try:
         request = urllib.request.Request(url, headers=headers)
         with urllib.request.urlopen(request, timeout=timeout, context=context) as resp:
-            return bytes(resp.read())
+            body = bytes(resp.read(max_bytes + 1))
     except urllib.error.HTTPError as exc:
         raise EmberError(f"collector answered {exc.code}: {_error_message(exc)}") from None
-    except (urllib.error.URLError, OSError) as exc:
-        raise EmberError(f"cannot reach {origin}: {getattr(exc, 'reason', exc)}") from None
+    except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
+        reason = getattr(exc, "reason", None) or exc
+        if isinstance(exc, http.client.BadStatusLine):
+            reason = "it does not answer HTTP (a gRPC port?)"
+        raise EmberError(f"cannot reach {origin}: {reason}") from None
     except (ValueError, http.client.InvalidURL) as exc:  # e.g. a port that is not a number
         raise UsageError(f"not a valid URL: {url} ({exc})") from None
+    if len(body) > max_bytes:
+        raise EmberError(f"{origin}: the answer is larger than {max_bytes} bytes")
+    return body
 
 
 def _origin(url: str) -> str:

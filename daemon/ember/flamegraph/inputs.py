@@ -67,7 +67,7 @@ def load(source: str, countname: str = "samples", *, token: str = "",
     stream; max_size bounds the folded text read and what a gzip inflates
     to (UsageError past it)."""
     if source.startswith(("http://", "https://")):
-        return load_stream(io.BytesIO(_fetch(source, token, cafile)), source, countname,
+        return load_stream(io.BytesIO(_fetch(source, token, cafile, max_size)), source, countname,
                            max_size)
     if source == "-":
         return load_stream(sys.stdin.buffer, source, countname, max_size)
@@ -78,13 +78,13 @@ def load(source: str, countname: str = "samples", *, token: str = "",
         raise UsageError(f"cannot read {source}: {exc.strerror}") from None
 
 
-def _fetch(source: str, token: str, cafile: str | None) -> bytes:
+def _fetch(source: str, token: str, cafile: str | None, max_size: int) -> bytes:
     url = urllib.parse.urlparse(source)
     q = urllib.parse.parse_qs(url.query)
     q["format"] = ["pprof"]
     full = url._replace(query=urllib.parse.urlencode(q, doseq=True)).geturl()
     try:
-        return fetch(full, token=token, cafile=cafile)
+        return fetch(full, token=token, cafile=cafile, max_bytes=max_size)
     except EmberError as exc:
         raise UsageError(f"cannot fetch {source}: {exc}") from None
 
