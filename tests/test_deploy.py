@@ -123,7 +123,8 @@ def test_agent_daemonset(manifests: list[dict[str, object]]) -> None:
     assert {"/lib/modules", "/usr/src", "/sys/kernel/tracing", "/sys/fs/cgroup"} <= {
         m["mountPath"] for m in c["volumeMounts"]}
     assert c["env"][0]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
-    assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    # liveness: what a restart fixes (a collector outage must not restart agents)
+    assert c["livenessProbe"]["httpGet"]["path"] == "/livez"
     assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"
     assert c["resources"]["limits"]["memory"] and c["resources"]["requests"]["cpu"]
     # the agent's config is valid for ember, and turns pod metadata on
