@@ -350,13 +350,13 @@ def fetch(url: str, token: str = "", cafile: str | None = None, timeout: float =
             body = bytes(resp.read(max_bytes + 1))
     except urllib.error.HTTPError as exc:
         raise EmberError(f"collector answered {exc.code}: {_error_message(exc)}") from None
+    except (ValueError, http.client.InvalidURL) as exc:  # e.g. a port that is not a number
+        raise UsageError(f"not a valid URL: {url} ({exc})") from None
     except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
         reason = getattr(exc, "reason", None) or exc
         if isinstance(exc, http.client.BadStatusLine):
             reason = "it does not answer HTTP (a gRPC port?)"
         raise EmberError(f"cannot reach {origin}: {reason}") from None
-    except (ValueError, http.client.InvalidURL) as exc:  # e.g. a port that is not a number
-        raise UsageError(f"not a valid URL: {url} ({exc})") from None
     if len(body) > max_bytes:
         raise EmberError(f"{origin}: the answer is larger than {max_bytes} bytes")
     return body
