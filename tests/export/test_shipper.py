@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry
 from ember.collector.server import STORAGE_RETRY_AFTER, Collector, _Servicer
 from ember.config import CollectorConfig
 from ember.errors import StorageFull
+from ember.export.exporter import flush_jitter
 from ember.export.shipper import Endpoint, Shipper, Verdict, verdict
 from ember.export.spool import Spool
 from ember.metrics import AgentMetrics
@@ -251,5 +252,30 @@ def test_a_full_store_refuses_with_a_retry_hint(tmp_path: Path,
         assert c.metrics.rejected.labels("storage_full")._value.get() == 1
         monkeypatch.undo()
         assert shipper.send_one(entry) and c.store.count() == 1
+    finally:
+        c.close()
+
+
+def test_a_fresh_request_waits_its_jitter(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                          ) -> None:
+    """After idling, the shipper waits a random part of its jitter before
+    sending, so agents whose drains line up reach the collector spread out;
+    a backlog is sent without waiting again."""
+    assert flush_jitter(10) == 1.0 and flush_jitter(3600) == 5.0
+    c = _collector(tmp_path)
+    spool = Spool(tmp_path / "spool", 1 << 20)
+    shipper = Shipper(spool, Endpoint(f"127.0.0.1:{c.grpc_port}"),
+                      AgentMetrics(CollectorRegistry()), jitter=0.4)
+    waits: list[tuple[float, float]] = []
+    monkeypatch.setattr("ember.export.shipper.random.uniform",
+                        lambda a, b: waits.append((a, b)) or b)
+    try:
+        for i in range(3):
+            spool.put(ps.WriteRawRequest(series=[series(20 + i)]).SerializeToString())
+        start = time.monotonic()
+        for _ in range(3):
+            shipper.step()
+        assert waits == [(0, 0.4)] and time.monotonic() - start >= 0.4
+        assert c.store.count() == 3
     finally:
         c.close()
