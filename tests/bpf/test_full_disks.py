@@ -45,7 +45,10 @@ def wait_for(cond: object, timeout: float) -> bool:
 def test_full_disks_on_both_sides(start_workload, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     w = start_workload("cpu_shares", FULL_SECONDS + 90)
     port = free_port()
-    with tiny_filesystem(tmp_path / "collector", "1m") as cfs, \
+    # 16 MiB for the collector: SQLite's write-ahead log grows to 4 MB before
+    # it is checkpointed, so a smaller disk fills again by the log alone when
+    # the backlog arrives after space returns
+    with tiny_filesystem(tmp_path / "collector", "16m") as cfs, \
             tiny_filesystem(tmp_path / "agent", "1m") as afs:
         c = Collector(CollectorConfig(grpc_listen=f"127.0.0.1:{port}",
                                       http_listen="127.0.0.1:0", storage=str(cfs / "db.sqlite")))
