@@ -19,6 +19,7 @@ from ember.config import CollectorConfig
 from tests.support.agent import agent_cfg, running_agent
 from tests.support.disks import fill, tiny_filesystem
 from tests.support.net import free_port
+from tests.support.waits import wait_for
 
 pytestmark = pytest.mark.bpf
 
@@ -31,15 +32,6 @@ def get(url: str) -> tuple[int, str]:
             return r.status, r.read().decode()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read().decode()
-
-
-def wait_for(cond: object, timeout: float) -> bool:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if cond():  # type: ignore[operator]
-            return True
-        time.sleep(0.2)
-    return False
 
 
 def test_full_disks_on_both_sides(start_workload, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]

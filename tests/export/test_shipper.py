@@ -23,15 +23,7 @@ from ember.proto import profile_pb2 as pb
 from ember.proto import profilestore_pb2 as ps
 from tests.support.collector import series
 from tests.support.net import free_port
-
-
-def wait_for(cond: object, timeout: float = 20) -> bool:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if cond():  # type: ignore[operator]
-            return True
-        time.sleep(0.05)
-    return False
+from tests.support.waits import wait_for
 
 
 def test_collector_down_then_up(tmp_path: Path) -> None:
