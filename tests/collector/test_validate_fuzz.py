@@ -48,12 +48,12 @@ def check(raw: bytes) -> None:
     s.CopyFrom(SERIES)
     del s.samples[0].executable_info[:]
     s.samples[0].raw_profile = raw
-    start = time.monotonic()
+    start = time.thread_time()
     try:
         stored = check_request(ps.WriteRawRequest(series=[s]), LIMITS, NOW)
     except InvalidRequest:
         stored = []
-    assert time.monotonic() - start < 2
+    assert time.thread_time() - start < 2
     for p in stored:
         merged = merge([Row({}, p.type, p.time_ns, p.duration_ns, p.samples, p.data)] * 2,
                        0, NOW)

@@ -35,13 +35,13 @@ def fuzz(examples: int) -> Any:
 def check(text: str) -> None:
     """The property: a Config, or a one-line ConfigError naming file, line
     and key; nothing else, and under 2 s."""
-    start = time.monotonic()
+    start = time.thread_time()
     try:
         assert isinstance(config.loads(text, "f.yaml"), config.Config)
     except ConfigError as exc:
         message = str(exc)
         assert MESSAGE.match(message) and "\n" not in message, message
-    assert time.monotonic() - start < 2, text[:200]
+    assert time.thread_time() - start < 2, text[:200]
 
 
 def dotted_keys(cls: type[Any], prefix: str) -> list[str]:
@@ -181,12 +181,12 @@ def test_alias_bomb_is_refused_at_once(key: str) -> None:
     text = billion_laughs(key)
     assert len(text) < 600
     tracemalloc.start()
-    start = time.monotonic()
+    start = time.thread_time()
     try:
         with pytest.raises(ConfigError, match=rf"^f\.yaml:\d+: {re.escape(key)}: more than "
                                               rf"{MAX_NODES} values"):
             config.loads(text, "f.yaml")
-        elapsed, peak = time.monotonic() - start, tracemalloc.get_traced_memory()[1]
+        elapsed, peak = time.thread_time() - start, tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
     assert elapsed < 1 and peak < 100 << 20, (elapsed, peak)
