@@ -64,10 +64,6 @@ class Entry:
     data: bytes
     held: bool = False
 
-    @property
-    def age_ns(self) -> int:
-        return max(0, time.time_ns() - put_time_ns(self.path.name))
-
 
 def put_time_ns(name: str) -> int:
     """When the request named ``name`` was put (0 when the name is not ours)."""
