@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gzip
 import zlib
+from collections.abc import Sequence
 
 from ..model import (
     KERNEL_MAPPING,
@@ -162,44 +163,72 @@ def gunzip(data: bytes, max_size: int) -> bytearray:
     return out
 
 
+MappingKey = tuple[int, int, int, str, str, bool]
+#: A pprof Line: (line number, (function name, system name, file) or None).
+LineKey = tuple[int, "tuple[str, str, str] | None"]
+_mapping_cache: dict[MappingKey, Mapping] = {}
+
+
+def location_frames(s: Sequence[str], loc: pb.Location, mapping: MappingKey | None,
+                    lines: Sequence[LineKey]) -> list[Frame]:
+    """One pprof location as frames, root first (pprof lists the inlined
+    functions of a location innermost first)."""
+    m = None
+    if mapping is not None:
+        m = _mapping_cache.get(mapping)
+        if m is None:
+            m = _mapping_cache[mapping] = Mapping(*mapping)
+    if m is None:
+        kind = FrameKind.SYNTHETIC
+    elif m.path == KERNEL_MAPPING.path:
+        kind = FrameKind.KERNEL
+    else:
+        kind = FrameKind.USER
+    out = []
+    last = len(lines) - 1
+    for i, (line, fn) in enumerate(lines):  # innermost (inlined) first
+        name, system, file = fn or ("", "", "")
+        out.append(Frame(name or f"{loc.address:#x}", kind, m, loc.address,
+                         system if system != name else "", file, line, inlined=i < last))
+    if not out:
+        out.append(Frame(f"{loc.address:#x}", kind, m, loc.address))
+    out.reverse()
+    return out
+
+
+def sample_context(s: Sequence[str], x: pb.Sample) -> tuple[int, int, str,
+                                                             tuple[tuple[str, str], ...]]:
+    """A sample's (pid, tid, thread name, other labels sorted) from its labels."""
+    labels = {s[lb.key]: (s[lb.str] if lb.str else str(lb.num)) for lb in x.label}
+    pid = int(labels.pop("pid", "0") or 0)
+    tid = int(labels.pop("tid", "0") or 0)
+    thread = labels.pop("thread_name", "")
+    return pid, tid, thread, tuple(sorted(labels.items()))
+
+
+def profile_shape(p: pb.Profile) -> ProfileType:
+    s = p.string_table
+    types = tuple((s[t.type], s[t.unit]) for t in p.sample_type)
+    return ProfileType(name="", sample_types=types,
+                       period_type=(s[p.period_type.type], s[p.period_type.unit]),
+                       period=p.period, folded_index=len(types) - 1)
+
+
 def from_proto(p: pb.Profile) -> tuple[ProfileType, list[Sample]]:
     """A decoded pprof back into the model (validated input assumed)."""
     s = p.string_table
-    mappings = {m.id: Mapping(m.memory_start, m.memory_limit, m.file_offset, s[m.filename],
-                              s[m.build_id], m.has_functions) for m in p.mapping}
+    mappings = {m.id: (m.memory_start, m.memory_limit, m.file_offset, s[m.filename],
+                       s[m.build_id], m.has_functions) for m in p.mapping}
     functions = {f.id: (s[f.name], s[f.system_name], s[f.filename]) for f in p.function}
     frames: dict[int, list[Frame]] = {}
     for loc in p.location:
-        mapping = mappings.get(loc.mapping_id)
-        if mapping is None:
-            kind = FrameKind.SYNTHETIC
-        elif mapping.path == KERNEL_MAPPING.path:
-            kind = FrameKind.KERNEL
-        else:
-            kind = FrameKind.USER
-        out = []
-        last = len(loc.line) - 1
-        for i, line in enumerate(loc.line):  # innermost (inlined) first
-            name, system, file = functions.get(line.function_id, ("", "", ""))
-            out.append(Frame(name or f"{loc.address:#x}", kind, mapping, loc.address,
-                             system if system != name else "", file, line.line,
-                             inlined=i < last))
-        if not out:
-            out.append(Frame(f"{loc.address:#x}", kind, mapping, loc.address))
-        frames[loc.id] = out
-    types = tuple((s[t.type], s[t.unit]) for t in p.sample_type)
-    ptype = ProfileType(name="", sample_types=types,
-                        period_type=(s[p.period_type.type], s[p.period_type.unit]),
-                        period=p.period, folded_index=len(types) - 1)
+        lines = [(ln.line, functions.get(ln.function_id)) for ln in loc.line]
+        frames[loc.id] = location_frames(s, loc, mappings.get(loc.mapping_id), lines)
     samples = []
     for x in p.sample:
         stack: list[Frame] = []
         for lid in reversed(x.location_id):  # root first
-            stack.extend(reversed(frames.get(lid, [])))
-        labels = {s[lb.key]: (s[lb.str] if lb.str else str(lb.num)) for lb in x.label}
-        pid = int(labels.pop("pid", "0") or 0)
-        tid = int(labels.pop("tid", "0") or 0)
-        thread = labels.pop("thread_name", "")
-        samples.append(Sample(tuple(stack), tuple(x.value), pid, tid, thread,
-                              tuple(sorted(labels.items()))))
-    return ptype, samples
+            stack.extend(frames.get(lid, []))
+        pid, tid, thread, labels = sample_context(s, x)
+        samples.append(Sample(tuple(stack), tuple(x.value), pid, tid, thread, labels))
+    return profile_shape(p), samples
