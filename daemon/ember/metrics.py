@@ -144,6 +144,19 @@ class AgentMetrics:
                                     "rejected by the endpoint", registry=r)
         self.otlp_dropped_bytes = Counter("ember_otlp_dropped_bytes_total",
                                           "Bytes dropped on the OTLP path", registry=r)
+        self.pyroscope_sent = Counter("ember_pyroscope_profiles_sent_total",
+                                      "Profiles accepted by Pyroscope", registry=r)
+        self.pyroscope_bytes_sent = Counter("ember_pyroscope_sent_bytes_total",
+                                            "Bytes of Pyroscope push requests accepted",
+                                            registry=r)
+        self.pyroscope_failures = Counter("ember_pyroscope_send_failures_total",
+                                          "Failed Pyroscope pushes, by gRPC status",
+                                          ["reason"], registry=r)
+        self.pyroscope_dropped = Counter("ember_pyroscope_dropped_profiles_total",
+                                         "Profiles dropped on the Pyroscope path: spool full, "
+                                         "or refused by Pyroscope for good", registry=r)
+        self.pyroscope_dropped_bytes = Counter("ember_pyroscope_dropped_bytes_total",
+                                               "Bytes dropped on the Pyroscope path", registry=r)
         self.profiles_sent = Counter("ember_profiles_sent_total",
                                      "Profiles accepted by the collector", registry=r)
         self.bytes_sent = Counter("ember_sent_bytes_total",
@@ -204,7 +217,9 @@ class AgentMetrics:
                 ("writeraw", self.profiles_sent, self.bytes_sent, self.send_failures,
                  self.spool_dropped, self.spool_dropped_bytes),
                 ("otlp", self.otlp_sent, self.otlp_bytes_sent, self.otlp_failures,
-                 self.otlp_dropped, self.otlp_dropped_bytes))}
+                 self.otlp_dropped, self.otlp_dropped_bytes),
+                ("pyroscope", self.pyroscope_sent, self.pyroscope_bytes_sent,
+                 self.pyroscope_failures, self.pyroscope_dropped, self.pyroscope_dropped_bytes))}
         self.errors = Counter("ember_errors_total", "Errors by kind", ["reason"], registry=r)
         for err in ALL_ERRORS:
             self.errors.labels(err.label)

@@ -120,5 +120,5 @@ def test_keys_that_are_not_names_and_unknown_exporters() -> None:
     with pytest.raises(ConfigError, match=r"ember.yaml:1: \(top level\): a key must be a name"):
         config.loads("7: 1\n", "ember.yaml")
     with pytest.raises(ConfigError, match=r"agent.exporters: unknown exporter 'kafka' "
-                                          r"\(one of writeraw, otlp\)"):
+                                          r"\(one of writeraw, otlp, pyroscope\)"):
         config.loads("agent:\n  exporters: [kafka]\n", "ember.yaml")

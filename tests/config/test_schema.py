@@ -21,7 +21,9 @@ from ember.config.schema import (
 #: What the agent's SIGHUP applied before the flag lived on the keys.
 RELOADABLE = {"collector", "interval", "targets", "target_refresh", "include_self", "min_block",
               "max_block", "send_timeout", "max_backoff", "token_file", "tls_ca", "labels",
-              "relabel", "otlp_endpoint", "otlp_token_file", "otlp_tls_ca"}
+              "relabel", "otlp_endpoint", "otlp_token_file", "otlp_tls_ca",
+              "pyroscope_endpoint", "pyroscope_token_file", "pyroscope_basic_auth_user",
+              "pyroscope_tenant_id", "pyroscope_tls_ca"}
 
 
 def test_sections_come_from_field_types() -> None:

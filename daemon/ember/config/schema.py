@@ -20,7 +20,7 @@ from .options import keys_of, opt, section
 
 #: What agent.kernel_stacks and agent.user_stacks choose from: the profile kinds.
 PROFILE_TYPES = KIND_NAMES
-EXPORTERS = ("writeraw", "otlp")
+EXPORTERS = ("writeraw", "otlp", "pyroscope")
 RELABEL_ACTIONS = ("replace", "keep", "drop", "labelmap", "labeldrop", "labelkeep")
 
 
@@ -209,7 +209,9 @@ class AgentConfig:
     exporters: tuple[str, ...] = field(default=("writeraw",), metadata=opt(
         "Where profiles go: writeraw (Parca's WriteRaw: ember collector or Parca, at "
         "collector) and/or otlp (OTLP profiles: an OpenTelemetry Collector, Grafana "
-        "Pyroscope, at otlp_endpoint). Each has its own spool and retries.", "type_list",
+        "Pyroscope, at otlp_endpoint) and/or pyroscope (Grafana Pyroscope's push API, as "
+        "Grafana Alloy sends it, at pyroscope_endpoint). Each has its own spool and "
+        "retries. docs/fleet.md compares them.", "type_list",
         choices=EXPORTERS, item="exporter"))
     otlp_endpoint: str = field(default="127.0.0.1:4317", metadata=opt(
         "gRPC address of the OTLP endpoint (ProfilesService/Export).", "hostport", reloadable=True))
@@ -221,6 +223,25 @@ class AgentConfig:
         reloadable=True))
     tls_ca: str = field(default="", metadata=opt(
         "CA certificate (PEM) to verify the collector; set it to use TLS.", "path",
+        reloadable=True))
+    pyroscope_endpoint: str = field(default="127.0.0.1:4040", metadata=opt(
+        "gRPC address of Grafana Pyroscope (push.v1.PusherService/Push; Pyroscope serves it "
+        "on its HTTP port). Profiles are named process_cpu and off_cpu; service_name is the "
+        "service_name label if set, else NAMESPACE/CONTAINER on Kubernetes, else the "
+        "command name.", "hostport", reloadable=True))
+    pyroscope_token_file: str = field(default="", metadata=opt(
+        "File holding the token for Pyroscope (empty: none): a bearer token, or the "
+        "password when pyroscope_basic_auth_user is set.", "path", reloadable=True))
+    pyroscope_basic_auth_user: str = field(default="", metadata=opt(
+        "User of HTTP basic auth for Pyroscope (Grafana Cloud: the stack's profiles user "
+        "id), with pyroscope_token_file as its password; empty: bearer token.", "str",
+        reloadable=True))
+    pyroscope_tenant_id: str = field(default="", metadata=opt(
+        "Tenant of a multi-tenant Pyroscope, sent as X-Scope-OrgID (empty: none).", "str",
+        reloadable=True))
+    pyroscope_tls_ca: str = field(default="", metadata=opt(
+        "CA certificate (PEM) to verify Pyroscope; set it to use TLS (the system bundle, "
+        "e.g. /etc/ssl/certs/ca-certificates.crt, for Grafana Cloud).", "path",
         reloadable=True))
     labels: tuple[tuple[str, str], ...] = field(default=(), metadata=opt(
         "Extra labels on every profile (a mapping of Prometheus label names to values).",

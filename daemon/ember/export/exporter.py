@@ -1,8 +1,8 @@
 """One exporter per wire: profiles -> requests on disk -> a backend.
 
-An exporter encodes a drain's profiles into its wire's requests (WriteRaw:
-series packed into requests of at most ``MAX_REQUEST_BYTES``; OTLP: one
-request per drain, halved while larger), writes them to its own spool, and
+An exporter encodes a drain's profiles into its wire's requests (WriteRaw
+and Pyroscope: series packed into requests of at most ``MAX_REQUEST_BYTES``;
+OTLP: one request per drain, halved while larger), writes them to its own spool, and
 owns the shipper thread that sends them, so a slow or absent backend never
 delays a drain. What the spool drops when full is counted here.
 """
@@ -50,17 +50,20 @@ class Exporter:
 
 
 def endpoint(cfg: AgentConfig, wire: str) -> Endpoint:
-    """Where a wire sends, with its token and CA, from the configuration."""
-    address, token_file, tls_ca = ((cfg.collector, cfg.token_file, cfg.tls_ca)
-                                   if wire == "writeraw" else
-                                   (cfg.otlp_endpoint, cfg.otlp_token_file, cfg.otlp_tls_ca))
+    """Where a wire sends, with its credentials and CA, from the configuration
+    keys its prefix names (WriteRaw: collector, token_file, tls_ca)."""
+    prefix = WIRES[wire].config_prefix
+    address = getattr(cfg, f"{prefix}endpoint") if prefix else cfg.collector
+    tls_ca = getattr(cfg, f"{prefix}tls_ca")
     ca = None
     if tls_ca:
         try:
             ca = Path(tls_ca).read_bytes()
         except OSError as exc:
             raise ConfigError(f"{tls_ca}: cannot read CA certificate: {exc.strerror}") from exc
-    return Endpoint(address, read_token(token_file), ca, cfg.send_timeout)
+    return Endpoint(address, read_token(getattr(cfg, f"{prefix}token_file")), ca,
+                    cfg.send_timeout, username=getattr(cfg, f"{prefix}basic_auth_user", ""),
+                    tenant=getattr(cfg, f"{prefix}tenant_id", ""))
 
 
 def exporters(cfg: AgentConfig, metrics: AgentMetrics) -> dict[str, Exporter]:

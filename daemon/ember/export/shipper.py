@@ -1,6 +1,7 @@
 """Sends spooled requests to a backend, oldest first, in its own thread: a
 slow or absent backend never blocks a drain. The wire decides the protocol:
-Parca's WriteRaw (ember's collector) or OTLP ProfilesService/Export.
+Parca's WriteRaw (ember's collector), OTLP ProfilesService/Export, or
+Grafana Pyroscope's PusherService/Push.
 
 Retry by meaning (docs/reliability.md): a failure is retried with jittered
 exponential backoff (at least as long as the server's ``retry-after`` hint)
@@ -19,6 +20,7 @@ is sent, so a fleet whose drains line up does not hit its collector at once.
 
 from __future__ import annotations
 
+import base64
 import enum
 import logging
 import random
@@ -31,11 +33,13 @@ from typing import Any
 import grpc
 from google.protobuf.message import DecodeError
 
-from ..encode import otlp, writeraw
+from ..encode import otlp, pyroscope, writeraw
 from ..metrics import AgentMetrics
 from ..model import Profile
 from ..proto import profilestore_pb2 as ps
 from ..proto import profilestore_pb2_grpc as ps_grpc
+from ..proto import pyroscope_push_pb2 as push
+from ..proto import pyroscope_push_pb2_grpc as push_grpc
 from .spool import Entry, Spool
 
 log = logging.getLogger(__name__)
@@ -81,6 +85,22 @@ class Endpoint:
     tls_ca: bytes | None = None
     timeout: float = 10.0
     max_message: int = 64 << 20
+    #: with a username, the token is the password of HTTP basic auth, not a bearer token
+    username: str = ""
+    #: the tenant of a multi-tenant backend (X-Scope-OrgID); '' for none
+    tenant: str = ""
+
+    def metadata(self) -> list[tuple[str, str]] | None:
+        """The call's gRPC metadata: credentials and tenant, if any."""
+        out = []
+        if self.username:
+            pair = base64.b64encode(f"{self.username}:{self.token}".encode()).decode()
+            out.append(("authorization", f"Basic {pair}"))
+        elif self.token:
+            out.append(("authorization", f"Bearer {self.token}"))
+        if self.tenant:
+            out.append(("x-scope-orgid", self.tenant))
+        return out or None
 
 
 def _writeraw_stub(channel: Any) -> Any:
@@ -130,6 +150,15 @@ def _otlp(stub: Any, data: bytes, timeout: float, metadata: Any) -> int:
     return rejected
 
 
+def _pyroscope_stub(channel: Any) -> Any:
+    return push_grpc.PusherServiceStub(channel)  # type: ignore[no-untyped-call]
+
+
+def _pyroscope(stub: Any, data: bytes, timeout: float, metadata: Any) -> int:
+    stub.Push(push.PushRequest.FromString(data), timeout=timeout, metadata=metadata)
+    return 0
+
+
 def _cannot_split(data: bytes) -> list[bytes]:
     return [data]
 
@@ -139,7 +168,10 @@ class Wire:
     """One export protocol: how profiles become requests (at most a size
     each), how many profiles a request holds, how a channel becomes a stub,
     how a spooled request is sent (returning how many profiles the backend
-    rejected), and how a request too large for the backend is split."""
+    rejected), how a request too large for the backend is split, and the
+    prefix of its ``agent`` keys (``PREFIXendpoint``, ``PREFIXtoken_file``,
+    ``PREFIXtls_ca``, ...; WriteRaw's are ``collector``, ``token_file``,
+    ``tls_ca``)."""
 
     name: str
     encode: Callable[[Sequence[Profile], int], list[bytes]]
@@ -149,13 +181,17 @@ class Wire:
     # OTLP requests share one dictionary across their profiles: they are
     # already halved at encoding while too large, and not split again
     split: Callable[[bytes], list[bytes]] = _cannot_split
+    config_prefix: str = ""
 
 
 WRITERAW = Wire("writeraw", writeraw.encode_requests, writeraw.profiles_in, _writeraw_stub,
                 _writeraw, _writeraw_split)
-OTLP = Wire("otlp", otlp.encode_requests, otlp.profiles_in, _otlp_stub, _otlp)
+OTLP = Wire("otlp", otlp.encode_requests, otlp.profiles_in, _otlp_stub, _otlp,
+            config_prefix="otlp_")
+PYROSCOPE = Wire("pyroscope", pyroscope.encode_requests, pyroscope.profiles_in, _pyroscope_stub,
+                 _pyroscope, pyroscope.split, config_prefix="pyroscope_")
 #: Every wire, by the name ``agent.exporters`` uses.
-WIRES = {w.name: w for w in (WRITERAW, OTLP)}
+WIRES = {w.name: w for w in (WRITERAW, OTLP, PYROSCOPE)}
 
 
 class Shipper:
@@ -214,10 +250,9 @@ class Shipper:
         """Try one request. True when it left the queue (accepted, split,
         dropped or quarantined), False to retry after a backoff."""
         stub, ep = self._stub_for()
-        metadata = [("authorization", f"Bearer {ep.token}")] if ep.token else None
         data = entry.data
         try:
-            rejected = self.wire.send(stub, data, ep.timeout, metadata)
+            rejected = self.wire.send(stub, data, ep.timeout, ep.metadata())
         except grpc.RpcError as exc:
             return self._failed(entry, exc, ep)
         except (DecodeError, ValueError) as exc:  # a corrupt request: it does not decode
