@@ -2,9 +2,11 @@
 
 The controller owns the lifecycle: validate, check the host, compile,
 configure, attach, drain every ``drain_interval`` (so process maps are read
-while processes live and maps never fill), and on stop (duration reached or
-Ctrl-C) detach, drain a last time and return the profile. ``close`` is
-idempotent and runs on every path.
+while processes live and maps never fill), and on stop (duration reached,
+Ctrl-C, or the caller's ``until`` condition, such as a command that exited)
+detach, drain a last time and return the profile. After each drain a
+``progress`` callback, when given, hears how far the recording is.
+``close`` is idempotent and runs on every path.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -125,6 +128,17 @@ class RecordStats:
     kernel: dict[str, int] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class Progress:
+    """How far a recording is: seconds since it started, seconds left (None
+    without a duration), and the events (on-CPU samples, off-CPU blocks, ...)
+    the kernel counted so far."""
+
+    elapsed: float
+    left: float | None
+    events: int
+
+
 class Recorder:
     def __init__(self, options: RecordOptions, procfs: ProcFS | None = None):
         self.options = options
@@ -160,13 +174,20 @@ class Recorder:
         if len(self._samples) > 50_000:
             self._samples = list(merge_samples(self._samples))
 
-    def run(self, stop: threading.Event) -> Profile:
-        """Record until the duration passes or ``stop`` is set (starting first
-        unless ``start`` was called already)."""
+    def run(self, stop: threading.Event, until: Callable[[], bool] | None = None,
+            progress: Callable[[Progress], None] | None = None,
+            on_end: Callable[[], None] | None = None) -> Profile:
+        """Record until the duration passes, ``stop`` is set or ``until()``
+        is true (checked every ``maps_interval``), starting first unless
+        ``start`` was called already. ``progress`` is called after every
+        drain but the last; ``on_end`` as the recording ends, before the
+        last drain (to stop a command at the end of its window, not a drain
+        later)."""
         if not self._started:
             self.start()
         o = self.options
         now = time.monotonic()
+        begin = now
         deadline = now + o.duration if o.duration is not None else None
         next_drain = now + o.drain_interval
         try:
@@ -183,9 +204,16 @@ class Recorder:
                 # Read the maps of processes seen since the last look while
                 # they are alive: a process may exit before the next drain.
                 self.session.discover()
+                if until is not None and until():
+                    break
                 if now >= next_drain:
                     self._absorb(final=False)
                     next_drain = now + o.drain_interval
+                    if progress is not None:
+                        progress(Progress(now - begin, None if deadline is None
+                                          else max(0.0, deadline - now), self.stats.drain.events))
+            if on_end is not None:
+                on_end()
             return self.finish()
         finally:
             self.close()
