@@ -25,8 +25,8 @@ EMBER = [sys.executable, "-m", "ember.cli"]
 def test_folded_with_delimiter(start_workload, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     w = start_workload("offcpu_waits")
     out = tmp_path / "off.folded"
-    r = subprocess.run([*EMBER, "record", "--mode", "offcpu", "--pid", str(w.pid),
-                        "--duration", "2", "-d", "-o", str(out)],
+    r = subprocess.run([*EMBER, "record", "--mode", "offcpu", "-p", str(w.pid),
+                        "-d", "2s", "--delimiter", "-o", str(out)],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     folded = parse_folded(out.read_text())
@@ -41,7 +41,10 @@ def test_folded_with_delimiter(start_workload, tmp_path: Path) -> None:  # type:
         assert frames[-1] == "[sleeping]"
     # microseconds: about 2 s in total
     assert 1.7e6 <= sum(waiter.values()) <= 2.2e6
-    assert "events" in r.stderr
+    # the last line counts the file: its lines, and its total in its unit
+    assert r.stderr.splitlines()[-1] == (
+        f"ember record: wrote {out} ({len(out.read_text().splitlines())} stacks, "
+        f"{sum(folded.values())} us off_cpu)")
 
 
 @pytest.mark.skipif(not shutil.which("go"), reason="go (golang-go) not installed")

@@ -1,12 +1,16 @@
 """The command line: bad input gives one clear line on stderr and exit
-status 2, before any BPF; the parser has every command of the registry;
---mode lists every profile kind; messages of symbolize and query."""
+status 2, before any BPF (a COMMAND that does not exist is never started);
+record's flags are perf's and py-spy's, with durations in units; binary
+pprof is refused to a terminal; the parser has every command of the
+registry; --mode lists every profile kind; messages of symbolize and
+query, and query pointed at a collector's gRPC port."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import pty
 import shutil
 import subprocess
 import sys
@@ -36,6 +40,11 @@ def run(*args: str, user: str | None = None) -> subprocess.CompletedProcess[str]
     (["--pid", "999999999"], "no process with PID 999999999"),
     (["--pid", "-3"], "no process with PID -3"),
     (["--duration", "-1"], "--duration must be positive"),
+    (["-d", "0s"], "--duration must be positive"),
+    (["-d", "3x"], "argument --duration/-d: not a duration: '3x'"),
+    (["-F", "0"], "--frequency must be between 1 and"),
+    (["-p", "999999999"], "no process with PID 999999999"),
+    (["--", "ember-no-such-command"], "command not found: ember-no-such-command"),
     (["--mode", "gpu"], "invalid choice: 'gpu'"),
     (["--output", "/nonexistent-dir/out.folded"], "directory /nonexistent-dir does not exist"),
     (["--output", "/"], "it is a directory"),
@@ -181,3 +190,83 @@ def test_every_flag_is_in_the_readme() -> None:
 def test_width_floor(command: list[str]) -> None:
     r = run(*command, "--width", "50")
     assert r.returncode == 2 and "--width must be at least 100" in r.stderr
+
+
+def test_record_flags_are_perf_and_py_spy_flags() -> None:
+    record = subcommands(build_parser())["record"]
+    a = record.parse_args(["-p", "1", "-p", "2", "-F", "499", "-o", "out.folded", "-d", "2m",
+                           "--", "python3", "-c", "pass", "-d", "--", "x"])
+    assert (a.pid, a.frequency, a.output, a.duration) == ([1, 2], 499, "out.folded", 120.0)
+    assert a.workload == ["python3", "-c", "pass", "-d", "--", "x"]  # all COMMAND's
+    top = build_parser().parse_args(["record", "-o", "x", "--", "sleep", "1"])
+    assert top.command == "record" and top.workload == ["sleep", "1"]  # error messages name it
+    for text, seconds in (("10s", 10.0), ("500ms", 0.5), ("3", 3.0), ("1.5", 1.5),
+                          ("1h", 3600.0)):
+        assert record.parse_args(["--duration", text]).duration == seconds
+    assert record.parse_args(["--delimiter"]).delimiter
+    assert not record.parse_args([]).delimiter and record.parse_args([]).workload == []
+    dump = subcommands(build_parser())["dump"]
+    assert dump.parse_args(["--watch", "2s"]).watch == 2.0
+    assert dump.parse_args(["--watch", "250ms"]).watch == 0.25
+    r = run("record", "--help")
+    text = " ".join(r.stdout.split())
+    assert "usage: ember record [OPTIONS] [-- COMMAND [ARG ...]]" in text
+    assert "-d is --duration, as in py-spy" in text and "is --delimiter" in text
+    assert "--duration DURATION, -d DURATION" in text
+
+
+def test_a_command_that_cannot_run_is_never_started(tmp_path: Path) -> None:
+    script = tmp_path / "not-executable"
+    script.write_text("#!/bin/sh\ntouch started\n")
+    script.chmod(0o644)
+    r = subprocess.run([*EMBER, "record", "--", str(script)], capture_output=True, text=True,
+                       timeout=60, cwd=tmp_path)
+    assert r.returncode == 2
+    assert r.stderr == f"ember record: cannot run {script}: permission denied\n"
+    assert list(tmp_path.iterdir()) == [script]  # no output file, nothing started
+
+
+def test_dump_watch_takes_a_duration() -> None:
+    r = run("dump", "--watch", "3x")
+    assert r.returncode == 2 and "argument --watch: not a duration: '3x'" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+    r = run("dump", "--watch", "-1")
+    assert r.returncode == 2 and r.stderr == "ember dump: --watch cannot be negative, not -1\n"
+
+
+def test_binary_pprof_is_refused_to_a_terminal() -> None:
+    """Checked before any BPF: ember's standard output is a terminal."""
+    main_fd, sub_fd = pty.openpty()
+    try:
+        r = subprocess.run([*EMBER, "record", "--format", "pprof", "-d", "1s"], stdout=sub_fd,
+                           stderr=subprocess.PIPE, text=True, timeout=60)
+    finally:
+        os.close(sub_fd)
+        os.close(main_fd)
+    assert r.returncode == 2
+    assert r.stderr == "ember record: pprof output is binary: give --output FILE or " \
+                       "redirect stdout\n"
+
+
+def test_query_at_the_grpc_port_is_one_line(tmp_path: Path) -> None:
+    """The collector's gRPC port speaks HTTP/2 only: one line, not a
+    BadStatusLine traceback; the same for a port where nothing listens."""
+    from ember.collector.server import Collector
+    from ember.config import CollectorConfig
+    from tests.support.net import free_port
+
+    c = Collector(CollectorConfig(grpc_listen="127.0.0.1:0", http_listen="127.0.0.1:0",
+                                  storage=str(tmp_path / "db.sqlite")))
+    c.start()
+    try:
+        grpc = f"http://127.0.0.1:{c.grpc_port}"
+        r = run("query", "--collector", grpc)
+        assert r.returncode == 1 and r.stdout == ""
+        assert r.stderr == (f"ember query: cannot reach {grpc}: it does not answer HTTP "
+                            "(a gRPC port?)\n")
+    finally:
+        c.close()
+    closed = f"http://127.0.0.1:{free_port()}"
+    r = run("query", "--collector", closed)
+    assert r.returncode == 1 and r.stderr.startswith(f"ember query: cannot reach {closed}: ")
+    assert len(r.stderr.splitlines()) == 1 and "Traceback" not in r.stderr

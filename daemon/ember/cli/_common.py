@@ -51,11 +51,19 @@ def int_arg(text: str) -> int:
     return value
 
 
-def float_arg(text: str) -> float:
+_SECONDS = re.compile(r"^\s*-?[0-9]+(\.[0-9]+)?\s*$")
+
+
+def duration_arg(text: str) -> float:
+    """A duration as the config file writes it (``500ms``, ``10s``, ``2m``,
+    ``1h``), or a bare number of seconds: seconds. The sign of a bare number
+    is kept, for the command to say what range it wants."""
+    from ..config.units import parse_duration  # its package reads YAML: not for --help
+
     try:
-        return float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        return parse_duration(float(text) if _SECONDS.match(text) else text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def add_collector_access(p: argparse.ArgumentParser) -> None:

@@ -7,14 +7,16 @@ import json
 import sys
 import time
 
-from ._common import Command, int_arg
+from ..errors import UsageError
+from ._common import Command, duration_arg, int_arg
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pid", "-p", type=int_arg, action="append", default=None,
                    help="dump this process's threads (repeatable); default: every process")
-    p.add_argument("--watch", type=float, default=0, metavar="SECONDS",
-                   help="dump again every SECONDS until Ctrl-C")
+    p.add_argument("--watch", type=duration_arg, default=0, metavar="DURATION",
+                   help="dump again every DURATION (e.g. 2s, 500ms; a bare number is "
+                        "seconds) until Ctrl-C")
     p.add_argument("--json", action="store_true", help="one JSON object per thread and line")
     p.add_argument("--include-self", action="store_true", help="ember's own threads too")
 
@@ -22,6 +24,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..threads import Dumper, render
 
+    if args.watch < 0:
+        raise UsageError(f"--watch cannot be negative, not {args.watch:g}")
     dumper = Dumper.standalone(include_self=args.include_self)
     try:
         while True:
