@@ -1,4 +1,4 @@
-"""``ember flamegraph`` and ``ember diff`` reading collector URLs from a real
+"""``ember query``, ``ember flamegraph`` and ``ember diff`` reading from a real
 collector that wants a token and speaks TLS, as the Kubernetes manifests run
 it: --token-file and --ca reach the request, and a missing one is a clear
 error."""
@@ -17,8 +17,10 @@ import pytest
 from ember.collector.server import Collector
 from ember.collector.validate import check_request
 from ember.config import CollectorConfig
+from ember.encode.folded import parse_folded
 from ember.proto import profilestore_pb2 as ps
 from tests.support.collector import series
+from tests.support.profiles import cpu_profile
 from tests.support.svg import frames
 
 pytestmark = pytest.mark.skipif(not Path("/usr/bin/openssl").exists(),
@@ -84,3 +86,25 @@ def test_without_token_or_ca_a_clear_error(collector: tuple[str, list[str]],
     assert r.returncode == 2 and "CERTIFICATE_VERIFY_FAILED" in r.stderr, r.stderr
     r = run("diff", url, url, "--ca", ca, "--token-file", str(tmp_path / "none"))
     assert r.returncode == 2 and "cannot read token file" in r.stderr, r.stderr
+
+
+def test_query_with_token_file_and_ca(collector: tuple[str, list[str]], tmp_path: Path) -> None:
+    base, access = collector
+    out = tmp_path / "q.folded"
+    r = run("query", "--collector", base, "--match", "pid=11", *access, "-o", str(out))
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    folded = parse_folded(out.read_text())
+    # what the collector was given for pid 11: its samples, whatever the stacks
+    assert sum(folded.values()) == cpu_profile().total(0)
+    assert {s.frames[-1].name for s in cpu_profile().samples} == \
+        {stack.split(";")[-1] for stack in folded}
+    r = run("query", "--collector", base, "--ca", access[3])
+    assert r.returncode == 1
+    assert r.stderr == "ember query: collector answered 401: missing or wrong bearer token\n"
+    r = run("query", "--collector", base, "--token-file", access[1])
+    assert r.returncode == 1 and "CERTIFICATE_VERIFY_FAILED" in r.stderr
+    assert len(r.stderr.splitlines()) == 1
+    plain = base.replace("https://", "http://")  # http to the TLS port: one line too
+    r = run("query", "--collector", plain, *access)
+    assert r.returncode == 1 and r.stderr.startswith(f"ember query: cannot reach {plain}: ")
+    assert len(r.stderr.splitlines()) == 1
