@@ -131,7 +131,7 @@ def test_sigkill_while_spooling_then_restart(start_workload, tmp_path: Path) -> 
         _, err = agent.communicate(timeout=60)
         assert agent.returncode == 0, err
         db = c.store._db
-        stored = [r[0] for r in db.execute("SELECT profile_id FROM profiles")]
+        stored = [r[0] for r in db.execute("SELECT profile_id FROM profiles").fetchall()]
         assert before <= set(stored)           # everything spooled before the kill arrived
         assert len(stored) == len(set(stored))  # and nothing twice
     finally:

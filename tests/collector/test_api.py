@@ -81,7 +81,7 @@ def test_profile_defaults_to_cpu_folded(collector: Collector) -> None:
     assert get(collector, "/api/v1/profile", type="cpu", format="folded")[1] == body
     code, tree = get_json(collector, "/api/v1/profile", type="offcpu", format="json")
     assert code == 200 and isinstance(tree, dict)
-    assert sorted(tree) == ["profiles", "sample_types", "timeline", "tree", "unit"]
+    assert sorted(tree) == ["focus", "profiles", "sample_types", "total", "tree", "unit"]
     assert tree["unit"] == "microseconds" and tree["profiles"] == 1
     code, tree = get_json(collector, "/api/v1/profile", format="json")
     assert isinstance(tree, dict) and tree["unit"] == "count"  # on-CPU: samples, unscaled
@@ -176,7 +176,7 @@ def test_routes_answer_without_a_collector(tmp_path: Path) -> None:
     api = Api(Store(tmp_path / "db.sqlite"))
     try:
         assert sorted(api.routes) == [f"/api/v1/{r}" for r in (
-            "diff", "flamegraph", "labels", "profile", "timeline", "top", "types")]
+            "diff", "flamegraph", "labels", "profile", "timeline", "top", "tree", "types")]
         assert api.handle("/api/v1/labels", {}) == (200, b'{"labels": []}', "application/json")
         code, body, _ = api.handle("/api/v1/top", {})
         assert (code, json.loads(body)) == (404, {"error": "no profiles match"})

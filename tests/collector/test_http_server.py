@@ -4,7 +4,6 @@ client hung up stops merging."""
 
 from __future__ import annotations
 
-import itertools
 import socket
 import ssl
 import threading
@@ -14,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from ember.collector.query import merge
+from ember.collector.query import profile_of
 from ember.collector.server import Collector
-from ember.collector.store import Row, Store
+from ember.collector.store import Aggregate, Store
 from ember.collector.validate import DEFAULT_LIMITS, INT64_MAX, check_request
 from ember.config import CollectorConfig
 from ember.httpserve import Cancelled, Reply, serve
@@ -63,32 +62,30 @@ def test_idle_connections_hold_up_neither_api_nor_ui(tmp_path: Path) -> None:
 
 
 @pytest.fixture
-def rows(tmp_path: Path) -> Iterator[list[Row]]:
-    store = Store(tmp_path / "db.sqlite")
+def stored(tmp_path: Path) -> Iterator[tuple[Store, Aggregate]]:
+    store = Store(tmp_path / "db.duckdb")
     store.write(check_request(ps.WriteRawRequest(series=[series(10)]), DEFAULT_LIMITS,
                               time.time_ns()))
-    yield list(store.query(0, INT64_MAX, {}))
+    agg = store.aggregate(0, INT64_MAX, {}, store.types()[0])
+    assert agg is not None
+    yield store, agg
     store.close()
 
 
-def test_a_query_whose_client_left_stops_merging(rows: list[Row]) -> None:
+def test_a_query_whose_client_left_stops_merging(stored: tuple[Store, Aggregate]) -> None:
+    store, agg = stored
     merged = 0
     stopped = threading.Event()
 
-    def endless() -> Iterator[Row]:
-        """Rows for 10 s, as a query over a long range would merge."""
+    def route(path: str, query: dict[str, list[str]], auth: str) -> Reply:
+        """Merges for 10 s, as a query over a long range would."""
         nonlocal merged
         give_up = time.monotonic() + 10
-        for row in itertools.cycle(rows):
-            if time.monotonic() > give_up:
-                return
-            merged += 1
-            time.sleep(0.001)
-            yield row
-
-    def route(path: str, query: dict[str, list[str]], auth: str) -> Reply:
         try:
-            merge(endless(), 0, INT64_MAX)
+            while time.monotonic() < give_up:
+                profile_of(store, agg, 0, INT64_MAX)
+                merged += 1
+                time.sleep(0.001)
         except Cancelled:
             stopped.set()
             raise

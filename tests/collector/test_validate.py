@@ -13,8 +13,7 @@ from collections.abc import Callable
 import pytest
 from google.protobuf.message import DecodeError
 
-from ember.collector.query import merge, render
-from ember.collector.store import Row, StoredProfile
+from ember.collector.store import StoredProfile
 from ember.collector.validate import (
     DEFAULT_LIMITS,
     InvalidRequest,
@@ -27,6 +26,7 @@ from ember.model import MAX_STACK_DEPTH, TRUNCATED
 from ember.proto import profile_pb2 as pb
 from ember.proto import profilestore_pb2 as ps
 from tests.support.collector import series
+from tests.support.store import served as through_store
 
 NOW = time.time_ns()
 SECOND = 10**9
@@ -61,10 +61,9 @@ def refuse(req: ps.WriteRawRequest, message: str, limits: Limits = DEFAULT_LIMIT
 
 def served(stored: StoredProfile) -> dict[str, bytes]:
     """Every rendering of the stored profile, as a query makes them."""
-    merged = merge([Row({}, stored.type, stored.time_ns, stored.duration_ns, stored.samples,
-                        stored.data)], 0, NOW)
-    assert merged is not None and merged.profiles == 1 and not merged.skipped
-    return {fmt: render(merged, fmt)[0] for fmt in ("folded", "pprof", "json")}
+    out, api = through_store([stored])
+    api.store.close()
+    return out
 
 
 def test_a_single_member_is_stored_as_sent() -> None:
@@ -179,11 +178,10 @@ def test_sample_counts_saturate_at_int64() -> None:
             s.value[0] = (1 << 63) - 1
     stored = accept(mutated(huge))
     assert stored.samples == (1 << 63) - 1
-    rows = [Row({}, stored.type, stored.time_ns, 0, stored.samples, stored.data)] * 3
-    merged = merge(rows, 0, NOW)
-    assert merged is not None
-    assert max(s.values[0] for s in merged.profile.samples) == (1 << 63) - 1
-    assert render(merged, "pprof")[0]
+    out, api = through_store([stored], copies=3)
+    api.store.close()
+    p = decode_pprof(out["pprof"])
+    assert max(s.value[0] for s in p.sample) == (1 << 63) - 1
 
 
 def test_strings_not_utf8_are_repaired_not_refused() -> None:

@@ -24,7 +24,7 @@ UI_FILES = {"/": "text/html; charset=utf-8", "/ui/app.js": "text/javascript; cha
             "/ui/style.css": "text/css; charset=utf-8"}
 API_PATHS = ["/api/v1/profile", "/api/v1/flamegraph", "/api/v1/diff", "/api/v1/top",
              "/api/v1/timeline", "/api/v1/labels", "/api/v1/labels/comm/values",
-             "/api/v1/types"]
+             "/api/v1/types", "/api/v1/tree"]
 WRONG = ["", "Bearer", "Bearer wrong", TOKEN, f"Bearer {TOKEN}x", f"bearer {TOKEN}",
          f"Basic {TOKEN}"]
 

@@ -18,7 +18,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="YAML config file (see config/ember.yaml)")
     p.add_argument("--grpc-listen", help="HOST:PORT for gRPC WriteRaw")
     p.add_argument("--http-listen", help="HOST:PORT for the HTTP query API")
-    p.add_argument("--storage", help="SQLite database file")
+    p.add_argument("--storage",
+                   help="the store: a DuckDB file (one of the older SQLite format is converted)")
     p.add_argument("--allow-public", action="store_true",
                    help="listen beyond loopback without a token")
 
@@ -54,5 +55,5 @@ def _config(args: argparse.Namespace) -> CollectorConfig:
 
 COMMAND = Command(
     name="collector", help="receive, store and serve profiles",
-    description="Receive WriteRaw over gRPC, store in SQLite, answer queries over HTTP.",
+    description="Receive WriteRaw over gRPC, store samples in DuckDB, answer queries over HTTP.",
     add_arguments=add_arguments, run=run)

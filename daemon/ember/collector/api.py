@@ -6,6 +6,9 @@ matchers (``match=LABEL=VALUE``, repeatable) and answers JSON errors as
 {"error": ...}: 400 for bad parameters, 404 when nothing matches.
 
   GET /api/v1/profile?type=cpu|offcpu|...|TYPE&format=folded|pprof|json
+  GET /api/v1/tree?type=&focus=THREAD;F1;F2&search=RE&max_nodes=5000
+                     the pruned tree under a frame (zoom) and the share
+                     a search matches over the whole profile (JSON)
   GET /api/v1/flamegraph?type=...|hotcold&title=&width=      SVG
   GET /api/v1/diff?type=&a_since=&a_match=...&b_...&normalize=1   SVG
   GET /api/v1/top?type=&limit=50          self/total per function (JSON)
@@ -28,13 +31,14 @@ from typing import Any
 from urllib.parse import unquote
 
 from ..config import parse_duration
-from ..flamegraph.graphs import diff_graph, graph, hotcold_graph, top_functions
-from ..flamegraph.inputs import Stacks, stacks_of
+from ..flamegraph.graphs import diff_graph, graph, hotcold_graph
+from ..flamegraph.inputs import Stacks
 from ..httpserve import Reply, check_cancelled
 from ..model import CPU, OFFCPU
-from .query import FORMATS, TYPE_ALIASES, Merged, merge, render
-from .store import Store
-from .validate import DEFAULT_LIMITS, INT64_MAX, Limits
+from .engine import DEFAULT_NODES, MAX_NODES, Cache, Index, Tree, kinds_of
+from .query import FORMATS, SHAPE, TYPE_ALIASES, profile_of, render, scaled, tree_json
+from .store import Aggregate, Store
+from .validate import INT64_MAX
 
 Query = dict[str, list[str]]
 Route = Callable[[Query], Reply]
@@ -102,6 +106,8 @@ def _select(q: Query, prefix: str = "") -> tuple[int, int, dict[str, str]]:
         if not 0 < seconds <= MAX_SINCE_DAYS * 86400:
             raise ValueError(f"{name} must be a duration up to {MAX_SINCE_DAYS}d "
                              f"(e.g. 15m, 1h, 7d), not {text[:40]!r}")
+        # to the second: the requests of one page share their merges
+        now = now // 10**9 * 10**9
         start, end = now - int(seconds * 1e9), now
     if end <= start:
         raise ValueError("the time range is empty")
@@ -130,13 +136,14 @@ class Api:
     """The query routes over one store, in one table. Authentication, health
     and metrics stay with the Collector, which hands the rest here."""
 
-    def __init__(self, store: Store, limits: Limits = DEFAULT_LIMITS,
-                 on_skip: Callable[[str, int], None] | None = None):
+    def __init__(self, store: Store, on_skip: Callable[[str, int], None] | None = None):
         self.store = store
-        self.limits = limits  # those the rows were written under
-        self.on_skip = on_skip  # hears of stored rows a merge left out
+        self.on_skip = on_skip  # hears of stored profiles a merge left out
+        self.index = Index(store)
+        self.cache = Cache()
         self.routes: dict[str, Route] = {
-            "/api/v1/profile": self._profile, "/api/v1/flamegraph": self._flamegraph,
+            "/api/v1/profile": self._profile, "/api/v1/tree": self._tree_route,
+            "/api/v1/flamegraph": self._flamegraph,
             "/api/v1/diff": self._diff, "/api/v1/top": self._top,
             "/api/v1/timeline": self._timeline, "/api/v1/labels": self._labels,
             "/api/v1/types": self._types}
@@ -163,17 +170,53 @@ class Api:
         return None
 
     # --- parameters -> profiles ---
-    def _merged(self, q: Query, type_: str, prefix: str = "") -> Merged:
+    def _aggregate(self, q: Query, type_: str, prefix: str = "") -> tuple[Aggregate, int, int]:
         start, end, matchers = _select(q, prefix)
-        merged = merge(self.store.query(start, end, matchers, TYPE_ALIASES.get(type_, type_)),
-                       start, end, self.limits, self.on_skip)
-        if merged is None:
+        agg = self.store.aggregate(start, end, matchers, TYPE_ALIASES.get(type_, type_))
+        if agg is None:
             raise LookupError("no profiles match")
-        return merged
+        if self.on_skip is not None and agg.skipped:
+            self.on_skip(SHAPE, agg.skipped.get(SHAPE, 0))
+        return agg, start, end
+
+    def _tree(self, q: Query, type_: str, prefix: str = "", folded: bool = False) -> Tree:
+        """The merged tree of a query, shared by the views that ask for it
+        until the next write. Its value is the main (last) one, as the flame
+        graphs draw it, or with ``folded`` the one folded output shows (on-CPU:
+        samples; other time: microseconds)."""
+        start, end, matchers = _select(q, prefix)
+        stored = TYPE_ALIASES.get(type_, type_)
+        key = (stored, start, end, tuple(sorted(matchers.items())), folded,
+               self.store.generation)
+
+        def make() -> Tree | None:
+            agg = self.store.aggregate(start, end, matchers, stored, by_name=True)
+            if agg is None:
+                return None
+            if self.on_skip is not None and agg.skipped:
+                self.on_skip(SHAPE, agg.skipped.get(SHAPE, 0))
+            types = agg.shape.sample_types
+            last_type, last_unit = types[-1]
+            if folded:
+                t = scaled(agg.shape)
+                unit = "microseconds" if t.folded_scale == 1000 else types[0][1]
+                index, scale = t.folded_index, t.folded_scale
+            else:
+                unit = "ns" if last_unit == "nanoseconds" else last_type
+                index, scale = len(types) - 1, 1
+            return Tree.build(self.index, agg, index, unit, offcpu=last_type == "off_cpu",
+                              scale=scale, sample_types=types)
+
+        tree = self.cache.get(key, make)
+        if tree is None:
+            raise LookupError("no profiles match")
+        return tree
 
     def _stacks(self, q: Query, type_: str, prefix: str = "") -> Stacks:
-        p = self._merged(q, type_, prefix).profile
-        return stacks_of(p.type, p.samples)
+        """Folded stacks of the pruned tree (every total exact) for the SVG
+        views: what is too narrow to draw stays in its parent."""
+        t = self._tree(q, type_, prefix)
+        return Stacks(Counter(dict(t.folded())), t.unit, kinds_of(self.index), offcpu=t.offcpu)
 
     # --- routes ---
     def _labels(self, q: Query) -> Reply:
@@ -189,8 +232,28 @@ class Api:
         fmt = _param(q, "format", "folded")
         if fmt not in FORMATS:
             raise ValueError(f"format must be one of {', '.join(FORMATS)}")
-        body, ctype = render(self._merged(q, _type(q)), fmt)
+        type_ = _type(q)
+        if fmt == "json":
+            return self._tree_route(q)
+        agg, start, end = self._aggregate(q, type_)
+        body, ctype = render(profile_of(self.store, agg, start, end), fmt)
         return 200, body, ctype
+
+    def _tree_route(self, q: Query) -> Reply:
+        t = self._tree(q, _type(q), folded=True)
+        focus_text = _param(q, "focus", "")
+        focus = t.find(focus_text.split(";")) if focus_text else 0
+        max_nodes = _int(q, "max_nodes", DEFAULT_NODES, 1, MAX_NODES, "a number of nodes")
+        head: dict[str, Any] = {"unit": t.unit, "sample_types": [list(x) for x in t.sample_types],
+                                "profiles": t.profiles, "total": int(t.total[0]) // t.scale,
+                                "focus": t.path(focus)}
+        search = _param(q, "search", "")
+        if search:
+            value, share = t.matched(search, focus)
+            head["matched"] = {"search": search, "value": value // t.scale, "share": share}
+        text = json.dumps(head)
+        body = f'{text[:-1]}, "tree": {tree_json(t.nested(focus, max_nodes))}}}'
+        return 200, body.encode(), "application/json"
 
     def _flamegraph(self, q: Query) -> Reply:
         type_ = _type(q)
@@ -219,18 +282,34 @@ class Api:
         return _svg(text)
 
     def _top(self, q: Query) -> Reply:
-        s = self._stacks(q, _type(q))
-        rows = top_functions(s, limit=_int(q, "limit", 50, 1, MAX_LIMIT, "a number of rows"))
-        return _ok({"unit": s.unit, "total": s.total, "rows": rows})
+        t = self._tree(q, _type(q))
+        sort = _param(q, "sort", "self")
+        if sort not in ("self", "total"):
+            raise ValueError("sort must be self or total")
+        rows = t.top(_int(q, "limit", 50, 1, MAX_LIMIT, "a number of rows"), sort)
+        return _ok({"unit": t.unit, "total": int(t.total[0]), "rows": rows})
 
     def _timeline(self, q: Query) -> Reply:
         start, end, matchers = _select(q)
         type_ = _type(q)
         n = _int(q, "buckets", 60, 1, MAX_BUCKETS, "a number of buckets")
+        by = _param(q, "by", "")
         width = (end - start) / n
-        buckets = [0] * n
-        for row in self.store.query(start, end, matchers, TYPE_ALIASES.get(type_, type_)):
+        series: dict[str, list[int]] = {}
+        for time_ns, sid, samples in self.store.timeline(start, end, matchers,
+                                                         TYPE_ALIASES.get(type_, type_)):
             check_cancelled()
-            i = int((row.time_ns - start) / width)
-            buckets[min(n - 1, max(0, i))] += row.samples
-        return _ok({"start": start, "end": end, "bucket_ns": width, "values": buckets})
+            key = self.store.series_labels(sid).get(by, "") if by else ""
+            buckets = series.get(key)
+            if buckets is None:
+                buckets = series[key] = [0] * n
+            i = int((time_ns - start) / width)
+            buckets[min(n - 1, max(0, i))] += samples
+        reply: dict[str, Any] = {"start": start, "end": end, "bucket_ns": width,
+                                 "values": [sum(col) for col in zip(*series.values(),
+                                                                    strict=True)]
+                                 if series else [0] * n}
+        if by:
+            reply["by"] = by
+            reply["series"] = [{"value": k, "values": v} for k, v in sorted(series.items())]
+        return _ok(reply)

@@ -1,4 +1,4 @@
-"""``ember collector``: receives WriteRaw over gRPC, stores profiles in SQLite,
+"""``ember collector``: receives WriteRaw over gRPC, stores profiles (store.py),
 answers queries over HTTP (the routes are in api.py; here: /healthz,
 /metrics, the web UI, and the lifecycle of both servers and of retention).
 
@@ -133,7 +133,7 @@ class Collector:
         self.store = Store(cfg.storage)
         self.metrics.storage_bytes.set_function(self.store.size_bytes)
         self._refused_at, self._refused_why = -1e9, ""
-        self.api = Api(self.store, self.limits,
+        self.api = Api(self.store,
                        on_skip=lambda why, n: self.metrics.rows_skipped.labels(why).inc(n))
         self._grpc: Any = None
         self._http: Server | None = None

@@ -1,16 +1,23 @@
-"""The collector's profile store: one SQLite file.
+"""The collector's profile store: one DuckDB file, columns made for profiles.
 
-``series`` holds each distinct label set once; ``profiles`` holds the gzip
-pprof bytes with their time, type and profile id (UNIQUE: a profile sent
-twice is stored once). Writes of one request happen in one transaction, so a
-request is stored whole or not at all. Retention deletes by age and, past a
-size limit, oldest first.
+A profile is not kept as a blob: its samples become rows of ``samples``
+(time, series, type, thread, stack, values), and what the rows name, the
+frames, stacks, threads and series, is interned under 64-bit content hashes
+(intern.py) and written once. A query over an hour of a fleet is then one
+aggregation over columns instead of decoding every stored profile
+(docs/storage.md has the measurements that chose DuckDB).
 
-A full disk (or another write failure) refuses the write with StorageFull
-or StorageError, rolled back whole, while reads go on: the servicer answers
-a retryable status, and agents keep the request spooled. The size counted
-against ``max_storage_size`` is the database file and its write-ahead log
-together: with WAL, recent writes live in the log until a checkpoint.
+``profiles`` keeps one row per stored profile: its id (UNIQUE: a profile
+sent twice is stored once), time, type and shape (sample types, period).
+Writes of one request happen in one transaction, so a request is stored
+whole or not at all. Retention deletes by age and, past a size limit,
+oldest first; the size is the blocks in use plus the write-ahead log.
+
+A write the disk cannot take is refused before it starts (StorageFull, from
+the free space), and any other write failure rolls back whole (StorageError)
+while reads go on: the servicer answers a retryable status, and agents keep
+the request spooled. A store of the older SQLite format is converted when
+the collector opens it (legacy.py), and the old file is kept beside it.
 """
 
 from __future__ import annotations
@@ -19,241 +26,440 @@ import contextlib
 import json
 import logging
 import os
-import sqlite3
 import threading
 import time
+from array import array
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import duckdb
+import numpy as np
+import numpy.typing as npt
+
+from ..encode.folded import clean
+from ..encode.pprof import profile_shape
 from ..errors import StorageError, StorageFull
+from ..model import ProfileType
+from .intern import Interner, Rows, ThreadKey, thread_name_id, type_id
+from .rows import Aggregate, Row, StoredProfile, as_sent
+from .tables import (
+    SCHEMA,
+    SCHEMA_VERSION,
+    frame_columns,
+    frame_of_row,
+    one,
+    shape_json,
+    shape_of,
+    storage_error,
+)
+
+__all__ = ["Aggregate", "Row", "Store", "StoredProfile"]
 
 log = logging.getLogger(__name__)
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS series (
-    id INTEGER PRIMARY KEY,
-    name TEXT NOT NULL,
-    labels TEXT NOT NULL UNIQUE
-);
-CREATE TABLE IF NOT EXISTS profiles (
-    id INTEGER PRIMARY KEY,
-    series_id INTEGER NOT NULL REFERENCES series(id),
-    profile_id TEXT NOT NULL UNIQUE,
-    type TEXT NOT NULL,
-    time_ns INTEGER NOT NULL,
-    duration_ns INTEGER NOT NULL,
-    received_ns INTEGER NOT NULL,
-    samples INTEGER NOT NULL,
-    data BLOB NOT NULL
-);
-CREATE INDEX IF NOT EXISTS profiles_time ON profiles(time_ns);
-CREATE INDEX IF NOT EXISTS profiles_series_time ON profiles(series_id, time_ns);
-"""
-
-
-@dataclass(frozen=True)
-class StoredProfile:
-    profile_id: str
-    series_labels: tuple[tuple[str, str], ...]   # sorted, includes __name__
-    type: str
-    time_ns: int
-    duration_ns: int
-    samples: int          # sum of the first sample value (for timelines)
-    data: bytes           # gzip pprof
-
-
-@dataclass(frozen=True)
-class Row:
-    labels: dict[str, str]
-    type: str
-    time_ns: int
-    duration_ns: int
-    samples: int
-    data: bytes
+#: Space kept free on the store's disk beyond a write's own size: a commit
+#: writes its log first, and a checkpoint may need room for a few blocks.
+DISK_MARGIN = 8 << 20
 
 
 class Store:
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | Path, memory_limit: str = "256MB"):
         self.path = str(path)
+        self._lock = threading.Lock()
+        self.generation = 0     # bumped by every change: query caches key on it
+        self.interner = Interner()
+        self._series_labels: dict[int, dict[str, str]] = {}
+        self._shapes: dict[int, list[tuple[str, ProfileType]]] = {}   # type id -> shapes
+        self._types: dict[str, int] = {}
+        self.thread_names: dict[int, str] = {}   # thread name id -> name (cleaned)
         if self.path != ":memory:":
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-        self._lock = threading.Lock()
-        try:
-            self._db = sqlite3.connect(self.path, check_same_thread=False,
-                                       isolation_level=None)
-            new = not self._db.execute("PRAGMA page_count").fetchone()[0]
-            if new:  # on an existing file it is a no-op that a full disk refuses
-                self._db.execute("PRAGMA auto_vacuum = INCREMENTAL")
-            self._db.execute("PRAGMA journal_mode = WAL")
-            self._db.execute("PRAGMA synchronous = NORMAL")
-            if new or not self._has_schema():
-                self._db.executescript(SCHEMA)
-        except sqlite3.Error as exc:
-            raise _storage_error(f"{self.path}: cannot open the store", exc) from None
+            from .legacy import convert_if_legacy  # a store of the older format
+            convert_if_legacy(Path(self.path))
+        self._memory_limit = memory_limit
+        self._open()
 
-    def _has_schema(self) -> bool:
-        names = {n for (n,) in self._db.execute(
-            "SELECT name FROM sqlite_master WHERE type IN ('table', 'index')")}
-        return {"series", "profiles", "profiles_time", "profiles_series_time"} <= names
+    def _open(self) -> None:
+        try:
+            self._db = duckdb.connect(self.path)
+            self._db.execute(f"SET memory_limit = '{self._memory_limit}'")
+            self._db.execute("SET threads = 2")
+            self._db.execute("SET preserve_insertion_order = false")
+            if not one(self._db.execute("SELECT COUNT(*) FROM information_schema.tables "
+                                         "WHERE table_name = 'samples'")):
+                self._db.execute(SCHEMA)
+                self._db.execute("INSERT INTO meta VALUES ('schema', ?)", (SCHEMA_VERSION,))
+            self._load()
+        except duckdb.Error as exc:
+            raise storage_error(f"{self.path}: cannot open the store", exc) from None
+
+    def _load(self) -> None:
+        """The interned ids and small tables, into memory."""
+        it = Interner()
+        db = self._db
+        for row in db.execute("SELECT * FROM frames").fetchall():
+            it.frames[int(row[0])] = frame_of_row(row)
+        it.stacks.update(int(i) for (i,) in db.execute("SELECT id FROM stacks").fetchall())
+        for tid, pid, t, name, labels in db.execute("SELECT * FROM threads").fetchall():
+            key: ThreadKey = (int(pid), int(t), name,
+                              tuple((a, b) for a, b in json.loads(labels)))
+            it.threads[int(tid)] = key
+        self._series_labels = {}
+        for sid, _, labels in db.execute("SELECT * FROM series").fetchall():
+            it.series[labels] = int(sid)
+            self._series_labels[int(sid)] = dict(json.loads(labels))
+        self.thread_names = {thread_name_id(k[2]): clean(k[2]) for k in it.threads.values()}
+        self._shapes, self._types = {}, {}
+        for type_, tid_, shape in db.execute(
+                "SELECT type, type_id, shape FROM profiles GROUP BY ALL "
+                "ORDER BY min(time_ns)").fetchall():
+            self._note_type(type_, int(tid_), shape)
+        self.interner = it
+
+    def _note_type(self, type_: str, tid: int, shape: str) -> None:
+        self._types[type_] = tid
+        shapes = self._shapes.setdefault(tid, [])
+        if all(s != shape for s, _ in shapes):
+            shapes.append((shape, shape_of(shape)))
 
     def close(self) -> None:
-        with self._lock:
+        with self._lock, contextlib.suppress(duckdb.Error):
             self._db.close()
 
-    def _series_id(self, labels: Sequence[tuple[str, str]]) -> int:
-        key = json.dumps(sorted(labels), separators=(",", ":"))
-        name = dict(labels).get("__name__", "")
-        row = self._db.execute("SELECT id FROM series WHERE labels = ?", (key,)).fetchone()
-        if row:
-            return int(row[0])
-        cur = self._db.execute("INSERT INTO series(name, labels) VALUES (?, ?)", (name, key))
-        return int(cur.lastrowid or 0)
-
+    # --- writing ---
     def write(self, profiles: Sequence[StoredProfile]) -> tuple[int, int]:
         """Store all or nothing; returns (stored, duplicates)."""
+        from .validate import DEFAULT_LIMITS, decompress, parse  # rows without their proto
         now = time.time_ns()
-        stored = 0
         with self._lock:
+            ids = [p.profile_id for p in profiles]
             try:
-                self._db.execute("BEGIN IMMEDIATE")
-                for p in profiles:
-                    sid = self._series_id(p.series_labels)
-                    cur = self._db.execute(
-                        "INSERT OR IGNORE INTO profiles(series_id, profile_id, type, time_ns, "
-                        "duration_ns, received_ns, samples, data) VALUES (?,?,?,?,?,?,?,?)",
-                        (sid, p.profile_id, p.type, p.time_ns, p.duration_ns, now, p.samples,
-                         p.data))
-                    stored += cur.rowcount
-                self._db.execute("COMMIT")
-            except BaseException as exc:
-                self._rollback()
-                if isinstance(exc, sqlite3.Error):
-                    raise _storage_error("cannot store", exc) from None
-                raise
-        return stored, len(profiles) - stored
+                have = {r[0] for r in self._db.execute(
+                    "SELECT profile_id FROM profiles WHERE profile_id IN "
+                    "(SELECT unnest(?::VARCHAR[]))", (ids,)).fetchall()} if ids else set()
+            except duckdb.Error as exc:
+                raise storage_error("cannot store", exc) from None
+            rows = Rows()
+            meta = []
+            seen: set[str] = set()
+            for sp in profiles:
+                if sp.profile_id in have or sp.profile_id in seen:
+                    continue
+                seen.add(sp.profile_id)
+                p = sp.proto
+                if p is None:
+                    p, _ = parse(decompress(sp.data, DEFAULT_LIMITS.max_profile_size)[0],
+                                 DEFAULT_LIMITS)
+                self.interner.add(rows, p, sp.series_labels, sp.type, sp.time_ns,
+                                  sp.time_ns + sp.duration_ns)
+                meta.append((sp, shape_json(profile_shape(p))))
+            self._commit(rows, meta, now)
+        return len(meta), len(profiles) - len(meta)
+
+    def _commit(self, rows: Rows, meta: list[tuple[StoredProfile, str]], now: int) -> None:
+        """Write the rows of a request in one transaction (under the lock)."""
+        self._check_disk(sum(len(sp.data) for sp, _ in meta) * 4 + len(rows) * 64)
+        try:
+            self._db.execute("BEGIN TRANSACTION")
+            self._insert(rows, meta, now)
+            self._db.execute("COMMIT")
+        except BaseException as exc:
+            self._rollback()
+            if isinstance(exc, duckdb.Error):
+                raise storage_error("cannot store", exc) from None
+            raise
+        self.interner.commit(rows)
+        for key in rows.new_threads.values():
+            self.thread_names.setdefault(thread_name_id(key[2]), clean(key[2]))
+        for sid, labels in rows.new_series.items():
+            self._series_labels[sid] = dict(json.loads(labels))
+        for sp, shape in meta:
+            self._note_type(sp.type, type_id(sp.type), shape)
+        if meta:
+            self.generation += 1
+
+    def append(self, rows: Rows, meta: list[tuple[StoredProfile, str]]) -> None:
+        """Rows made by the caller (a benchmark's generated hour)."""
+        with self._lock:
+            self._commit(rows, meta, time.time_ns())
+
+    def _insert(self, rows: Rows, meta: list[tuple[StoredProfile, str]], now: int) -> None:
+        db = self._db
+        if rows.new_series:
+            db.executemany("INSERT INTO series VALUES (?, ?, ?)",
+                           [(sid, dict(json.loads(k)).get("__name__", ""), k)
+                            for sid, k in rows.new_series.items()])
+        if rows.new_frames:
+            self._append("frames", frame_columns(rows.new_frames))
+        if rows.new_stacks:
+            self._append("stacks", {
+                "id": np.fromiter(rows.new_stacks, np.uint64, len(rows.new_stacks)),
+                "frames": np.array([array("Q", f).tobytes() for f in rows.new_stacks.values()],
+                                   dtype=object)})
+        if rows.new_threads:
+            db.executemany("INSERT INTO threads VALUES (?, ?, ?, ?, ?)",
+                           [(t, k[0], k[1], k[2], json.dumps(k[3]))
+                            for t, k in rows.new_threads.items()])
+        if meta:
+            from .intern import labels_json, series_id
+            ps = [sp for sp, _ in meta]
+            self._append("profiles", {
+                "profile_id": np.array([sp.profile_id for sp in ps], dtype=object),
+                "series": np.array([series_id(labels_json(sp.series_labels)) for sp in ps],
+                                   np.uint64),
+                "type": np.array([sp.type for sp in ps], dtype=object),
+                "type_id": np.array([type_id(sp.type) for sp in ps], np.uint64),
+                "shape": np.array([shape for _, shape in meta], dtype=object),
+                "time_ns": np.array([sp.time_ns for sp in ps], np.int64),
+                "duration_ns": np.array([sp.duration_ns for sp in ps], np.int64),
+                "received_ns": np.full(len(ps), now, np.int64),
+                "samples": np.array([min(sp.samples, (1 << 63) - 1) for sp in ps], np.int64),
+                "bytes": np.array([len(sp.data) for sp in ps], np.int64)})
+        if len(rows):
+            self._append("samples", rows.columns())
+
+    def _append(self, table: str, cols: dict[str, Any]) -> None:
+        self._db.register("_incoming", cols)
+        try:
+            self._db.execute(f"INSERT INTO {table} SELECT {', '.join(cols)} FROM _incoming")
+        finally:
+            self._db.unregister("_incoming")
+
+    def _check_disk(self, incoming: int) -> None:
+        """StorageFull before a write the disk has no room for: DuckDB's
+        own failure to write may leave the database unusable until it is
+        opened again, so it is not the way to find out."""
+        if self.path == ":memory:":
+            return
+        try:
+            st = os.statvfs(Path(self.path).parent)
+        except OSError:
+            return
+        free = st.f_bavail * st.f_frsize
+        if free < incoming + DISK_MARGIN:
+            raise StorageFull(f"the disk is full ({free} bytes free, "
+                              f"{incoming + DISK_MARGIN} needed)")
 
     def _rollback(self) -> None:
-        """Undo an open transaction (SQLite may have rolled back already: a
-        full disk ends the transaction itself)."""
-        if self._db.in_transaction:
-            try:
-                self._db.execute("ROLLBACK")
-            except sqlite3.Error as exc:
-                log.error("store: rollback failed: %s", exc)
+        try:
+            self._db.execute("ROLLBACK")
+        except duckdb.Error as exc:
+            if "no transaction is active" not in str(exc):
+                log.error("store: rollback failed (%s): opening the store again", exc)
+                with contextlib.suppress(duckdb.Error):
+                    self._db.close()
+                with contextlib.suppress(StorageError):
+                    self._open()
 
-    def _matching_series(self, matchers: dict[str, str]) -> dict[int, dict[str, str]]:
-        out = {}
-        for sid, labels_json in self._db.execute("SELECT id, labels FROM series"):
-            labels = dict(json.loads(labels_json))
-            if all(labels.get(k) == v for k, v in matchers.items()):
-                out[sid] = labels
-        return out
+    # --- reading ---
+    def series_matching(self, matchers: dict[str, str]) -> list[int]:
+        return [sid for sid, labels in self._series_labels.items()
+                if all(labels.get(k) == v for k, v in matchers.items())]
+
+    def series_labels(self, sid: int) -> dict[str, str]:
+        return self._series_labels.get(sid, {})
+
+    def type_id(self, type_: str) -> int | None:
+        return self._types.get(type_)
+
+    def shapes(self, type_: str) -> list[ProfileType]:
+        tid = self._types.get(type_)
+        return [s for _, s in self._shapes.get(tid, [])] if tid is not None else []
+
+    def _where(self, start_ns: int, end_ns: int, series: Sequence[int],
+               type_: str | None) -> tuple[str, list[Any]] | None:
+        """The WHERE clause of samples in a range, of some series and a type
+        (None: no row can match)."""
+        if not series:
+            return None
+        clause = "time_ns < ? AND end_ns >= ?"
+        args: list[Any] = [end_ns, start_ns]
+        if type_ is not None:
+            tid = self._types.get(type_)
+            if tid is None:
+                return None
+            clause += " AND type = ?"
+            args.append(tid)
+        if len(series) < len(self._series_labels):
+            clause += " AND series IN (SELECT unnest(?::UBIGINT[]))"
+            args.append(list(series))
+        return clause, args
+
+    def cursor(self) -> duckdb.DuckDBPyConnection:
+        """A connection of its own for one reader thread."""
+        with self._lock:
+            return self._db.cursor()
+
+    def aggregate(self, start_ns: int, end_ns: int, matchers: dict[str, str],
+                  type_: str, by_name: bool = False) -> Aggregate | None:
+        """The samples of one type in a range, summed per (thread, stack),
+        or per (thread name, stack) with ``by_name`` (all the flame graph
+        needs, and far fewer groups over a fleet); None when no stored
+        profile matches."""
+        shapes = self.shapes(type_)
+        where = self._where(start_ns, end_ns, self.series_matching(matchers), type_)
+        if where is None or not shapes:
+            return None
+        clause, args = where
+        shape = shapes[0]
+        n = len(shape.sample_types)
+        skipped: dict[str, int] = {}
+        cur = self.cursor()
+        try:
+            counted = cur.execute(
+                "SELECT COUNT(*), COUNT(DISTINCT shape) FROM profiles WHERE time_ns < ? AND "
+                "time_ns + duration_ns >= ? AND type_id = ?"
+                + (" AND series IN (SELECT unnest(?::UBIGINT[]))" if len(args) > 3 else ""),
+                args).fetchone()
+            if not counted or not counted[0]:
+                return None
+            if len(shapes) > 1:
+                # other sample types under the same type name: not mergeable with the first
+                other = cur.execute(
+                    "SELECT COUNT(*) FROM profiles WHERE time_ns < ? AND time_ns + duration_ns "
+                    ">= ? AND type_id = ? AND shape <> ?"
+                    + (" AND series IN (SELECT unnest(?::UBIGINT[]))" if len(args) > 3 else ""),
+                    [*args[:3], shape_json(shape), *args[3:]]).fetchone()
+                if other and other[0]:
+                    skipped["shape"] = int(other[0])
+                clause += (" AND (time_ns, series) IN (SELECT (time_ns, series) FROM profiles "
+                           "WHERE type_id = ? AND shape = ?)")
+                args = [*args, args[2], shape_json(shape)]
+            sums = ", ".join(f"least(greatest(sum(v{i}), {-(1 << 63)}), {(1 << 63) - 1})::BIGINT"
+                             for i in range(n))
+            who = "tname" if by_name else "thread"
+            got = cur.execute(f"SELECT {who}, stack, {sums} FROM samples WHERE {clause} "
+                              f"GROUP BY {who}, stack", args).fetchnumpy()
+        except duckdb.Error as exc:
+            raise StorageError(f"query failed: {exc}") from None
+        finally:
+            cur.close()
+        cols = list(got.values())
+        return Aggregate(shape, np.asarray(cols[0], np.uint64), np.asarray(cols[1], np.uint64),
+                         tuple(np.asarray(c, np.int64) for c in cols[2:]),
+                         int(counted[0]) - skipped.get("shape", 0), skipped)
+
+    def timeline(self, start_ns: int, end_ns: int, matchers: dict[str, str],
+                 type_: str) -> list[tuple[int, int, int]]:
+        """(time_ns, series, samples) per stored profile of the range."""
+        where = self._where(start_ns, end_ns, self.series_matching(matchers), type_)
+        if where is None:
+            return []
+        _, args = where
+        with contextlib.closing(self.cursor()) as cur:
+            return [(int(t), int(s), int(n)) for t, s, n in cur.execute(
+                "SELECT time_ns, series, samples FROM profiles WHERE time_ns < ? AND "
+                "time_ns + duration_ns >= ? AND type_id = ?"
+                + (" AND series IN (SELECT unnest(?::UBIGINT[]))" if len(args) > 3 else "")
+                + " ORDER BY time_ns", args).fetchall()]
 
     def query(self, start_ns: int, end_ns: int, matchers: dict[str, str],
-              type_: str | None = None) -> Iterator[Row]:
-        """Profiles overlapping [start_ns, end_ns) whose labels match."""
-        with self._lock:
-            series = self._matching_series(matchers)
-            if not series:
-                return iter(())
-            rows = self._db.execute(
-                "SELECT series_id, type, time_ns, duration_ns, samples, data FROM profiles "
-                "WHERE time_ns < ? AND time_ns + duration_ns >= ? "
-                + ("AND type = ? " if type_ else "") + "ORDER BY time_ns",
-                (end_ns, start_ns, type_) if type_ else (end_ns, start_ns)).fetchall()
-        return iter([Row(series[sid], t, ts, d, n, data) for sid, t, ts, d, n, data in rows
-                     if sid in series])
+              type_: str | None = None) -> list[Row]:
+        """Each stored profile overlapping the range whose labels match, as
+        it was sent (rows.as_sent)."""
+        return as_sent(self, start_ns, end_ns, matchers, type_)
+
+    def stacks(self, ids: npt.NDArray[np.uint64]) -> dict[int, tuple[int, ...]]:
+        """Frame ids (root first) of stacks."""
+        with contextlib.closing(self.cursor()) as cur:
+            cur.register("_ids", {"id": ids})
+            out = {}
+            for sid, blob in cur.execute(
+                    "SELECT s.id, s.frames FROM stacks s SEMI JOIN _ids USING (id)").fetchall():
+                a = array("Q")
+                a.frombytes(blob)
+                out[int(sid)] = tuple(a)
+            return out
 
     def label_names(self) -> list[str]:
-        names: set[str] = set()
-        with self._lock:
-            for (labels_json,) in self._db.execute("SELECT labels FROM series"):
-                names.update(k for k, _ in json.loads(labels_json))
-        return sorted(names)
+        return sorted({k for labels in self._series_labels.values() for k in labels})
 
     def label_values(self, name: str) -> list[str]:
-        values: set[str] = set()
-        with self._lock:
-            for (labels_json,) in self._db.execute("SELECT labels FROM series"):
-                v = dict(json.loads(labels_json)).get(name)
-                if v is not None:
-                    values.add(v)
-        return sorted(values)
+        return sorted({v for labels in self._series_labels.values()
+                       if (v := labels.get(name)) is not None})
 
     def types(self) -> list[str]:
-        with self._lock:
-            return [t for (t,) in self._db.execute("SELECT DISTINCT type FROM profiles ORDER BY 1")]
+        return sorted(self._types)
 
     def count(self) -> int:
         with self._lock:
-            return int(self._db.execute("SELECT COUNT(*) FROM profiles").fetchone()[0])
+            return int(one(self._db.execute("SELECT COUNT(*) FROM profiles")))
 
     def size_bytes(self) -> int:
-        """The database file and its write-ahead log, in bytes."""
-        if self.path == ":memory:":
+        """The database's blocks in use and its write-ahead log, in bytes."""
+        try:
             with self._lock:
-                pages = self._db.execute("PRAGMA page_count").fetchone()[0]
-                size = self._db.execute("PRAGMA page_size").fetchone()[0]
-            return int(pages) * int(size)
-        total = 0
-        for suffix in ("", "-wal"):
+                row = self._db.execute("PRAGMA database_size").fetchone()
+        except duckdb.Error:
+            return 0
+        used = int(row[2]) * int(row[4]) if row else 0
+        if self.path != ":memory:":
             with contextlib.suppress(OSError):
-                total += os.stat(self.path + suffix).st_size
-        return total
+                used += os.stat(self.path + ".wal").st_size
+        return used
 
+    # --- retention ---
     def enforce_retention(self, max_age_s: float, max_bytes: int) -> tuple[int, int]:
         """Delete old profiles, then the oldest while over max_bytes.
         Returns (deleted by age, deleted by size)."""
         cutoff = time.time_ns() - int(max_age_s * 1e9)
         with self._writing("retention"):
-            by_age = self._db.execute("DELETE FROM profiles WHERE time_ns < ?",
-                                      (cutoff,)).rowcount
-            self._db.execute("PRAGMA incremental_vacuum")
+            by_age = self._delete_before(cutoff)
             by_size = self._make_room(max_bytes, 0)
-            if by_age or by_size:
-                self._db.execute("DELETE FROM series WHERE id NOT IN "
-                                 "(SELECT DISTINCT series_id FROM profiles)")
         return by_age, by_size
 
     def make_room(self, max_bytes: int, incoming: int = 0) -> int:
         """Before a write: delete the oldest profiles while the store and
         ``incoming`` more bytes are over max_bytes; returns how many."""
         if self.size_bytes() + incoming <= max_bytes:
-            return 0  # the common case: two stat calls
+            return 0
         with self._writing("making room"):
             return self._make_room(max_bytes, incoming)
+
+    def _delete_before(self, cutoff: int) -> int:
+        n = int(one(self._db.execute("SELECT COUNT(*) FROM profiles WHERE time_ns < ?",
+                                      (cutoff,))))
+        if n:
+            self._db.execute("BEGIN TRANSACTION")
+            self._db.execute("DELETE FROM samples WHERE time_ns < ?", (cutoff,))
+            self._db.execute("DELETE FROM profiles WHERE time_ns < ?", (cutoff,))
+            self._db.execute("COMMIT")
+            self._db.execute("CHECKPOINT")
+            self.generation += 1
+        return n
 
     def _make_room(self, max_bytes: int, incoming: int) -> int:
         incoming = incoming if incoming <= max_bytes // 2 else 0
         deleted = 0
-        if self.size_bytes() + incoming > max_bytes:  # recent writes are in the log
-            self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-        while self.size_bytes() + incoming > max_bytes:
-            n = self._db.execute("SELECT COUNT(*) FROM profiles").fetchone()[0]
+        if self._size() + incoming > max_bytes:
+            self._db.execute("CHECKPOINT")  # recent writes are in the log
+        while self._size() + incoming > max_bytes:
+            n = int(one(self._db.execute("SELECT COUNT(*) FROM profiles")))
             if not n:
                 break
-            deleted += self._db.execute(
-                "DELETE FROM profiles WHERE id IN (SELECT id FROM profiles ORDER BY time_ns "
-                "LIMIT ?)", (max(1, n // 10),)).rowcount
-            self._db.execute("PRAGMA incremental_vacuum")
-            self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            cutoff = one(self._db.execute(
+                "SELECT max(time_ns) + 1 FROM (SELECT time_ns FROM profiles ORDER BY time_ns "
+                "LIMIT ?)", (max(1, n // 10),)))
+            deleted += self._delete_before(int(cutoff))
         return deleted
+
+    def _size(self) -> int:
+        row = self._db.execute("PRAGMA database_size").fetchone()
+        used = int(row[2]) * int(row[4]) if row else 0
+        if self.path != ":memory:":
+            with contextlib.suppress(OSError):
+                used += os.stat(self.path + ".wal").st_size
+        return used
 
     @contextlib.contextmanager
     def _writing(self, what: str) -> Iterator[None]:
-        """Under the lock; an SQLite failure becomes StorageFull/StorageError."""
+        """Under the lock; a DuckDB failure becomes StorageFull/StorageError."""
         with self._lock:
             try:
                 yield
-            except sqlite3.Error as exc:
+            except duckdb.Error as exc:
                 self._rollback()
-                raise _storage_error(what, exc) from None
+                raise storage_error(what, exc) from None
 
 
-def _storage_error(what: str, exc: sqlite3.Error) -> StorageError:
-    """StorageFull for a full disk or database, StorageError otherwise."""
-    name = getattr(exc, "sqlite_errorname", "")
-    if name == "SQLITE_FULL" or "full" in str(exc):
-        return StorageFull(f"{what}: the disk is full ({exc})")
-    return StorageError(f"{what}: {exc}")

@@ -60,7 +60,9 @@ class Limits:
     max_functions: int = 500_000
     max_mappings: int = 65_536
     max_strings: int = 1_000_000
-    max_sample_types: int = 16
+    #: the store keeps this many values per sample (intern.MAX_VALUES);
+    #: profilers send one to three (count, time, bytes)
+    max_sample_types: int = 4
     max_lines_per_location: int = 256
     max_labels_per_sample: int = 64
     #: location ids over all samples: the frames a query materializes
@@ -382,7 +384,7 @@ def check_request(req: ps.WriteRawRequest, limits: Limits, now_ns: int,
                 profile_id=profile_id(gz, p), series_labels=labels,
                 type=profile_type(name, p), time_ns=p.time_nanos or now_ns,
                 duration_ns=p.duration_nanos,
-                samples=total, data=gz))
+                samples=total, data=gz, proto=p))
     if repairs is not None:
         repairs.update(fixes)  # only for a request accepted whole
     return out

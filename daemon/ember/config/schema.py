@@ -260,12 +260,13 @@ class CollectorConfig:
     http_listen: str = field(default="127.0.0.1:7072", metadata=opt(
         "HTTP address of the query API.", "hostport"))
     storage: str = field(default="ember.db", metadata=opt(
-        "SQLite database file.", "path"))
+        "The store: one DuckDB file (docs/storage.md). A store of the older SQLite format "
+        "found there is converted at start; the old file is kept as FILE.sqlite-v1.", "path"))
     retention: float = field(default=7 * 86400.0, metadata=opt(
         "Profiles older than this are deleted.", "duration", 60, 86400 * 3650))
     max_storage_size: int = field(default=1 << 30, metadata=opt(
-        "Past this size (the database with its write-ahead log), the oldest profiles are "
-        "deleted, checked at every write.", "size", 1 << 20))
+        "Past this size (the store's blocks in use with its write-ahead log), the oldest "
+        "profiles are deleted, checked at every write.", "size", 1 << 20))
     max_request_size: int = field(default=16 << 20, metadata=opt(
         "Largest WriteRaw request accepted; larger ones are rejected.", "size", 1 << 16,
         1 << 30))

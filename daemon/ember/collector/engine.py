@@ -1,0 +1,408 @@
+"""The query engine: one merge per view, as arrays over one prefix tree.
+
+Every stored (thread name, stack) is a leaf of one tree of names, the
+``Index``: the root "all", then thread names, then frame names, root first,
+exactly the levels of the folded format and the flame graph. A node is
+added the first time a stack needs it and kept (nodes are a few bytes of
+arrays each). A query's samples, summed per (thread, stack) by the store,
+become self values at their leaves; one pass per depth adds each level into
+its parents, and the flame graph, the table, search and zoom all read
+those two arrays (``Tree``):
+
+- a pruned tree: the nodes worth drawing (at least ``1/max_nodes`` of the
+  focus), as nested JSON or folded lines, never 200k stacks of text;
+- zoom: the subtree under a path of names, pruned against its own total,
+  so frames too narrow to draw in the whole profile open;
+- search: the share of the total under frames whose name matches, each
+  stack counted once (flamegraph.pl's "Matched"), over the whole profile,
+  not only what is drawn;
+- top: self and total per function name (total counts a name once per
+  stack, however often it recurs).
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from array import array
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from ..encode.folded import clean
+from ..flamegraph import svg
+from ..flamegraph.inputs import _kind
+from ..httpserve import check_cancelled
+from ..model import MAX_STACK_DEPTH, TRUNCATED, cap_depth
+from .store import Aggregate, Store
+
+_MIX = np.uint64(0x9E3779B97F4A7C15)
+#: How many nodes a pruned answer holds at most.
+MAX_NODES = 20_000
+DEFAULT_NODES = 5_000
+
+
+class Index:
+    """All stacks the queries met, as one prefix tree of names."""
+
+    def __init__(self, store: Store):
+        self.store = store
+        self._lock = threading.Lock()
+        self.parent = array("q", [-1])
+        self.name = array("q", [0])
+        self.depth = array("q", [0])
+        self.recursive = array("b", [0])   # the name is also an ancestor's (below threads)
+        self.names = ["all"]
+        self._name_ids = {"all": 0}
+        self.kinds: dict[str, str] = {}
+        self._children: dict[tuple[int, int], int] = {}
+        self._keys = np.zeros(0, np.uint64)       # sorted (thread name, stack) keys
+        self._leaves = np.zeros(0, np.int64)      # their nodes
+        self._levels: list[npt.NDArray[np.int64]] = []
+        self._levels_for = 0
+        self._frame_names: dict[int, int] = {}
+
+    def __len__(self) -> int:
+        return len(self.parent)
+
+    def _name_id(self, name: str) -> int:
+        nid = self._name_ids.get(name)
+        if nid is None:
+            nid = self._name_ids[name] = len(self.names)
+            self.names.append(name)
+        return nid
+
+    def _child(self, parent: int, nid: int, recursive: bool = False) -> int:
+        """The node for name ``nid`` under ``parent``, made if new;
+        ``recursive``: the name is also one of its frames' ancestors'."""
+        node = self._children.get((parent, nid))
+        if node is None:
+            node = self._children[(parent, nid)] = len(self.parent)
+            self.parent.append(parent)
+            self.name.append(nid)
+            self.depth.append(self.depth[parent] + 1)
+            self.recursive.append(recursive)
+        return node
+
+    def leaves(self, agg: Aggregate) -> npt.NDArray[np.int64]:
+        """The node of each (thread name, stack) of an aggregate by name."""
+        with np.errstate(over="ignore"):
+            keys = agg.stack ^ (agg.thread * _MIX)
+        with self._lock:
+            nodes, found = self._lookup(keys)
+            if not found.all():
+                missing = ~found
+                names = self.store.thread_names
+                self._add(keys[missing], agg.stack[missing],
+                          [names.get(t, "") for t in agg.thread[missing].tolist()])
+                nodes, found = self._lookup(keys)
+        return nodes
+
+    def _lookup(self, keys: npt.NDArray[np.uint64]) -> tuple[npt.NDArray[np.int64],
+                                                             npt.NDArray[np.bool_]]:
+        if not len(self._keys):
+            return np.zeros(len(keys), np.int64), np.zeros(len(keys), bool)
+        order = np.argsort(keys)   # sorted queries search twice as fast
+        pos = np.empty(len(keys), np.int64)
+        pos[order] = np.searchsorted(self._keys, keys[order])
+        pos[pos == len(self._keys)] = 0
+        return self._leaves[pos], self._keys[pos] == keys
+
+    def _add(self, keys: npt.NDArray[np.uint64], stacks: npt.NDArray[np.uint64],
+             tnames: list[str]) -> None:
+        """Leaves for new (thread name, stack) keys. Each stack becomes its
+        names once; the keys are walked in sorted order, so a stack shares
+        the path of the one before it as far as their names agree, and only
+        the rest is looked up: work follows the nodes, not every frame of
+        every stack (stacks grow as prefix trees)."""
+        frames_of = self.store.stacks(np.unique(stacks))
+        names_of = self._names_of(frames_of)
+        todo = sorted({(tname, names_of.get(stack, ()), key) for key, stack, tname
+                       in zip(keys.tolist(), stacks.tolist(), tnames, strict=True)})
+        new_keys, new_nodes = [], []
+        thread = ""
+        path: tuple[int, ...] = ()
+        nodes: list[int] = []
+        for tname, names, key in todo:
+            if tname != thread or not nodes:
+                thread, path, nodes = tname, (), [self._child(0, self._name_id(tname))]
+            same = _common(path, names)
+            del nodes[same + 1:]
+            node = nodes[-1]
+            for i in range(same, len(names)):
+                nid = names[i]
+                node = self._child(node, nid, nid in names[:i])
+                nodes.append(node)
+            path = names
+            new_keys.append(key)
+            new_nodes.append(node)
+        keys_all = np.concatenate([self._keys, np.array(new_keys, np.uint64)])
+        nodes_all = np.concatenate([self._leaves, np.array(new_nodes, np.int64)])
+        order = np.argsort(keys_all, kind="stable")
+        self._keys, self._leaves = keys_all[order], nodes_all[order]
+
+    def _names_of(self, frames_of: dict[int, tuple[int, ...]]) -> dict[int, tuple[int, ...]]:
+        """Each stack's name ids, root first, capped as folded output is."""
+        frames = self.store.interner.frames
+        known = self._frame_names
+        for fid in set().union(*frames_of.values()) - known.keys():
+            f = frames.get(fid)
+            name = TRUNCATED if f is None else clean(f.name)
+            if f is not None:
+                self.kinds.setdefault(name, _kind(f))
+            known[fid] = self._name_id(name)
+        cut = self._name_id(TRUNCATED)
+        out = {}
+        for stack, fids in frames_of.items():
+            names = tuple(map(known.__getitem__, fids))
+            if len(names) > MAX_STACK_DEPTH - 1:
+                names = tuple(cap_depth(names, cut, MAX_STACK_DEPTH - 1))
+            out[stack] = names
+        return out
+
+    def levels(self) -> list[npt.NDArray[np.int64]]:
+        """Node indices by depth (index 0: the root)."""
+        with self._lock:
+            if self._levels_for != len(self.parent):
+                depth = np.array(self.depth, np.int64)
+                order = np.argsort(depth, kind="stable")
+                bounds = np.searchsorted(depth[order], np.arange(int(depth.max()) + 2))
+                self._levels = [order[bounds[d]:bounds[d + 1]] for d in range(len(bounds) - 1)]
+                self._levels_for = len(self.parent)
+            return self._levels
+
+    def arrays(self) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64],
+                              npt.NDArray[np.bool_], npt.NDArray[np.int64]]:
+        """(parent, name id, recursive, depth) as arrays (copies: the index
+        grows under them)."""
+        with self._lock:
+            return (np.array(self.parent, np.int64), np.array(self.name, np.int64),
+                    np.array(self.recursive, bool), np.array(self.depth, np.int64))
+
+
+def _common(a: tuple[int, ...], b: tuple[int, ...]) -> int:
+    """The length of the common prefix of a and b (slices compare in C)."""
+    lo, hi = 0, min(len(a), len(b))
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+@dataclass
+class Tree:
+    """One query's values over the index: self and total per node."""
+
+    index: Index
+    self_: npt.NDArray[np.int64]
+    total: npt.NDArray[np.int64]
+    parent: npt.NDArray[np.int64]
+    name: npt.NDArray[np.int64]
+    recursive: npt.NDArray[np.bool_]
+    depth: npt.NDArray[np.int64]
+    profiles: int
+    unit: str
+    offcpu: bool = False
+    scale: int = 1              # nested() shows values divided by this
+    sample_types: tuple[tuple[str, str], ...] = ()
+
+    @classmethod
+    def build(cls, index: Index, agg: Aggregate, value: int, unit: str,
+              offcpu: bool = False, scale: int = 1,
+              sample_types: tuple[tuple[str, str], ...] = ()) -> Tree:
+        leaves = index.leaves(agg)
+        levels = index.levels()
+        parent, name, rec, depth = index.arrays()
+        n = len(parent)
+        values = agg.values[value]
+        # sums past int64 saturate (the arithmetic goes to floats only then)
+        wide = bool(len(values)) and float(np.abs(values.astype(np.float64)).sum()) >= 2.0**62
+        kind = np.float64 if wide else np.int64
+        self_w: npt.NDArray[Any] = np.zeros(n, kind)
+        np.add.at(self_w, leaves, values.astype(kind))
+        total_w: npt.NDArray[Any] = self_w.copy()
+        for level in reversed(levels[1:]):
+            check_cancelled()
+            level = level[level < n]
+            np.add.at(total_w, parent[level], total_w[level])
+        self_, total = (_saturated(self_w), _saturated(total_w)) if wide else (self_w, total_w)
+        return cls(index, self_, total, parent, name, rec, depth, agg.profiles, unit, offcpu,
+                   scale, sample_types)
+
+    # --- the nodes of one view ---
+    def find(self, path: list[str]) -> int:
+        """The node at a path of names below the root; LookupError if none."""
+        node = 0
+        for name in path:
+            nid = self.index._name_ids.get(name)
+            child = None if nid is None else self.index._children.get((node, nid))
+            if child is None or child >= len(self.total) or not self.total[child]:
+                raise LookupError(f"no frame {name!r} under {self.path(node) or 'all'}")
+            node = child
+        return node
+
+    def path(self, node: int) -> list[str]:
+        out = []
+        while node > 0:
+            out.append(self.index.names[self.name[node]])
+            node = int(self.parent[node])
+        return out[::-1]
+
+    def subtree(self, focus: int) -> npt.NDArray[np.bool_]:
+        inside = np.zeros(len(self.total), bool)
+        inside[focus] = True
+        levels = self.index.levels()
+        for level in levels[int(self.depth[focus]) + 1:]:
+            level = level[level < len(inside)]
+            inside[level] = inside[self.parent[level]]
+        return inside
+
+    def kept(self, focus: int = 0, max_nodes: int = DEFAULT_NODES) -> npt.NDArray[np.int64]:
+        """The nodes of a pruned view under ``focus`` (itself first): at most
+        ``max_nodes``, the widest, each with its ancestors."""
+        mask = self.total != 0
+        if focus:
+            mask &= self.subtree(focus)
+        mask[focus] = True
+        cand = np.flatnonzero(mask)
+        if len(cand) > max_nodes:
+            totals = np.abs(self.total[cand])
+            floor = np.partition(totals, len(cand) - max_nodes)[len(cand) - max_nodes]
+            cand = cand[totals >= floor]
+            # the widest first and, among equals, parents before children: a
+            # node is never kept without its ancestors
+            order = np.lexsort((self.depth[cand], -np.abs(self.total[cand])))
+            cand = cand[order[:max_nodes]]
+            if focus not in cand:
+                cand = np.concatenate([[focus], cand[:max_nodes - 1]])
+        return cand[np.argsort(self.depth[cand], kind="stable")]
+
+    def nested(self, focus: int = 0, max_nodes: int = DEFAULT_NODES) -> dict[str, Any]:
+        """The pruned view as {name, value, self, children}, children widest first."""
+        kept = self.kept(focus, max_nodes)
+        made: dict[int, dict[str, Any]] = {}
+        for node in kept.tolist():
+            item: dict[str, Any] = {"name": self.index.names[self.name[node]] if node else "all",
+                    "value": int(self.total[node]) // self.scale,
+                    "self": int(self.self_[node]) // self.scale,
+                    "children": []}
+            made[node] = item
+            up = int(self.parent[node])
+            if node != focus and up in made:
+                made[up]["children"].append(item)
+        for item in made.values():
+            item["children"].sort(key=lambda c: (-c["value"], c["name"]))
+        return made[focus]
+
+    def folded(self, focus: int = 0, max_nodes: int = MAX_NODES) -> Iterator[tuple[str, int]]:
+        """The pruned view as folded lines: what is left out of a kept node
+        stays in it as its own (self) value, so every total is exact."""
+        kept = self.kept(focus, max_nodes)
+        paths: dict[int, str] = {}
+        child_sum: dict[int, int] = {}
+        for node in kept.tolist():
+            up = int(self.parent[node])
+            name = self.index.names[self.name[node]]
+            if node == 0:
+                continue
+            paths[node] = f"{paths[up]};{name}" if up in paths else name
+            child_sum[up] = child_sum.get(up, 0) + int(self.total[node])
+        for node, p in paths.items():
+            own = int(self.total[node]) - child_sum.get(node, 0)
+            if own > 0:
+                yield p, own
+
+    def matched(self, pattern: str, focus: int = 0) -> tuple[int, float]:
+        """(value, share of the focus) under frames whose name matches
+        ``pattern``, each stack once; ValueError for a bad pattern."""
+        try:
+            rx = re.compile(pattern)
+        except re.error as exc:
+            raise ValueError(f"search is not a valid regular expression: {exc}") from None
+        hit_names = np.array([i for i, n in enumerate(self.index.names) if i and rx.search(n)],
+                             np.int64)
+        hit = np.isin(self.name, hit_names) & (self.total != 0)
+        hit[0] = False
+        if focus:
+            hit &= self.subtree(focus)
+        below = np.zeros(len(hit), bool)   # a matching ancestor already counts it
+        for level in self.index.levels()[1:]:
+            level = level[level < len(hit)]
+            up = self.parent[level]
+            below[level] = below[up] | hit[up]
+        value = int(self.total[hit & ~below].sum())
+        whole = int(self.total[focus])
+        return value, (value / whole if whole else 0.0)
+
+    def top(self, limit: int, sort: str = "self") -> list[dict[str, object]]:
+        """Self and total per function name, frames only (not threads)."""
+        frames = self.depth >= 2
+        n = len(self.index.names)
+        self_by = np.zeros(n, np.int64)
+        np.add.at(self_by, self.name[frames], self.self_[frames])
+        counted = frames & ~self.recursive
+        total_by = np.zeros(n, np.int64)
+        np.add.at(total_by, self.name[counted], self.total[counted])
+        present = np.flatnonzero(total_by > 0)
+        first, second = (self_by, total_by) if sort == "self" else (total_by, self_by)
+        names = self.index.names
+        order = sorted(present.tolist(), key=lambda i: (-first[i], -second[i], names[i]))
+        return [{"name": names[i], "self": int(self_by[i]), "total": int(total_by[i])}
+                for i in order[:limit]]
+
+
+def _saturated(a: npt.NDArray[Any]) -> npt.NDArray[np.int64]:
+    limit = float(np.iinfo(np.int64).max)
+    out: npt.NDArray[np.int64] = np.clip(a, -limit - 1, np.nextafter(limit, 0)).astype(np.int64)
+    out[a >= limit] = np.iinfo(np.int64).max
+    return out
+
+
+class Cache:
+    """Trees by (query, store generation): a write makes older entries
+    unreachable, and the oldest go past ``size`` entries. Requests for a
+    tree being made wait for it rather than make it again (a page asks for
+    the flame graph and the table at once, and 8 clients ask alike)."""
+
+    def __init__(self, size: int = 16):
+        self.size = size
+        self._lock = threading.Lock()
+        self._items: dict[tuple[object, ...], Tree] = {}
+        self._making: dict[tuple[object, ...], threading.Lock] = {}
+
+    def get(self, key: tuple[object, ...], make: Callable[[], Tree | None]) -> Tree | None:
+        while True:
+            with self._lock:
+                hit = self._items.get(key)
+                if hit is not None:
+                    return hit
+                making = self._making.get(key)
+                if making is None:
+                    making = self._making[key] = threading.Lock()
+                    making.acquire()
+                    break
+            with making:  # another request makes it: wait, then look again
+                pass
+        try:
+            tree = make()
+            if tree is not None:
+                with self._lock:
+                    self._items[key] = tree
+                    while len(self._items) > self.size:
+                        del self._items[next(iter(self._items))]
+            return tree
+        finally:
+            with self._lock:
+                del self._making[key]
+            making.release()
+
+
+def kinds_of(index: Index) -> dict[str, str]:
+    """Frame name -> kind for the flame graph's colours."""
+    return svg.merge_kinds(index.kinds.items())

@@ -1,0 +1,102 @@
+"""What the store takes and gives: a profile to store, a stored profile as
+it was sent, and the samples of a range summed (the one merge every view
+starts from)."""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+import numpy.typing as npt
+
+from ..encode.pprof import encode_pprof
+from ..model import Profile, ProfileType, Sample
+from ..proto import profile_pb2 as pb
+from .intern import MAX_VALUES
+from .tables import shape_of
+
+if TYPE_CHECKING:
+    from .store import Store
+
+
+@dataclass(frozen=True)
+class StoredProfile:
+    profile_id: str
+    series_labels: tuple[tuple[str, str], ...]   # sorted, includes __name__
+    type: str
+    time_ns: int
+    duration_ns: int
+    samples: int          # sum of the first sample value (for timelines)
+    data: bytes           # gzip pprof, as received (its size counts)
+    proto: pb.Profile | None = field(default=None, compare=False, repr=False)
+
+
+@dataclass(frozen=True)
+class Row:
+    """One stored profile as it was sent."""
+
+    labels: dict[str, str]
+    type: str
+    time_ns: int
+    duration_ns: int
+    samples: int          # sum of the first sample value
+    data: bytes           # gzip pprof
+
+
+@dataclass(frozen=True)
+class Aggregate:
+    """Samples of a range summed per (thread, stack): the one merge every
+    view starts from."""
+
+    shape: ProfileType
+    thread: npt.NDArray[np.uint64]   # thread ids, or thread name ids (by_name)
+    stack: npt.NDArray[np.uint64]
+    values: tuple[npt.NDArray[np.int64], ...]   # one per sample type
+    profiles: int
+    skipped: dict[str, int]
+
+
+def as_sent(store: Store, start_ns: int, end_ns: int, matchers: dict[str, str],
+            type_: str | None = None) -> list[Row]:
+    """Each stored profile overlapping the range whose labels match, as it
+    was sent (rebuilt from its rows: the samples with their frames, threads
+    and values; two profiles of one series, type and start time come back
+    as one), oldest first."""
+    series = store.series_matching(matchers)
+    where = store._where(start_ns, end_ns, series, type_)
+    if where is None:
+        return []
+    _, args = where
+    extra = " AND series IN (SELECT unnest(?::UBIGINT[]))" if len(args) > (
+        3 if type_ is not None else 2) else ""
+    kind = " AND type_id = ?" if type_ is not None else ""
+    with contextlib.closing(store.cursor()) as cur:
+        profiles = cur.execute(
+            "SELECT series, type, type_id, shape, time_ns, duration_ns, samples FROM "
+            f"profiles WHERE time_ns < ? AND time_ns + duration_ns >= ?{kind}{extra} "
+            "ORDER BY time_ns", args).fetchall()
+        rows = cur.execute(
+            "SELECT time_ns, series, type, thread, stack, "
+            + ", ".join(f"v{i}" for i in range(MAX_VALUES))
+            + " FROM samples WHERE time_ns < ? AND end_ns >= ?"
+            + kind.replace("type_id", "type") + extra, args).fetchall()
+    stacks = store.stacks(np.array(sorted({r[4] for r in rows}), np.uint64))
+    frames, threads = store.interner.frames, store.interner.threads
+    by_profile: dict[tuple[int, int, int], list[Sample]] = {}
+    for t, sid, tid, th, stk, *values in rows:
+        pid, tid_, name, labels = threads.get(th, (0, 0, "", ()))
+        by_profile.setdefault((t, sid, tid), []).append(Sample(
+            tuple(frames[f] for f in stacks.get(stk, ())), tuple(values), pid, tid_, name,
+            labels))
+    out = []
+    for sid, type_name, tid, shape, t, d, n in profiles:
+        ptype = shape_of(shape)
+        samples = tuple(Sample(x.frames, x.values[:len(ptype.sample_types)], x.pid, x.tid,
+                               x.thread_name, x.labels)
+                        for x in by_profile.get((t, sid, tid), []))
+        data = encode_pprof(Profile(ptype, samples, t, d))
+        out.append(Row(store.series_labels(sid), type_name, t, d, n, data))
+    return out
+

@@ -1,0 +1,102 @@
+"""The store's tables, and how model objects become their rows and back.
+
+``samples`` is the big one: a row per (profile, thread, stack) with the
+profile's time and series and up to MAX_VALUES values. Everything it names
+is interned (intern.py) in ``frames``, ``stacks``, ``threads`` and
+``series``; ``profiles`` keeps a row per stored profile (its id makes a
+profile sent twice stored once), with its type and shape (sample types and
+period) as JSON.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import duckdb
+import numpy as np
+
+from ..errors import StorageError, StorageFull
+from ..model import Frame, FrameKind, Mapping, ProfileType
+from .intern import MAX_VALUES
+
+SCHEMA_VERSION = "2"
+SCHEMA = f"""
+CREATE TABLE IF NOT EXISTS meta (key VARCHAR, value VARCHAR);
+CREATE TABLE IF NOT EXISTS series (id UBIGINT, name VARCHAR, labels VARCHAR);
+CREATE TABLE IF NOT EXISTS frames (
+    id UBIGINT, name VARCHAR, kind VARCHAR, has_mapping BOOLEAN,
+    map_start UBIGINT, map_limit UBIGINT, map_offset UBIGINT, map_path VARCHAR,
+    build_id VARCHAR, has_functions BOOLEAN,
+    address UBIGINT, system_name VARCHAR, file VARCHAR, line BIGINT, inlined BOOLEAN);
+CREATE TABLE IF NOT EXISTS stacks (id UBIGINT, frames BLOB);   -- frame ids, root first
+CREATE TABLE IF NOT EXISTS threads (id UBIGINT, pid BIGINT, tid BIGINT, name VARCHAR,
+                                    labels VARCHAR);
+CREATE TABLE IF NOT EXISTS profiles (
+    profile_id VARCHAR PRIMARY KEY, series UBIGINT, type VARCHAR, type_id UBIGINT,
+    shape VARCHAR, time_ns BIGINT, duration_ns BIGINT, received_ns BIGINT,
+    samples BIGINT, bytes BIGINT);
+CREATE TABLE IF NOT EXISTS samples (
+    time_ns BIGINT, end_ns BIGINT, series UBIGINT, type UBIGINT, thread UBIGINT,
+    tname UBIGINT, stack UBIGINT, {", ".join(f"v{i} BIGINT" for i in range(MAX_VALUES))});
+"""
+def shape_json(t: ProfileType) -> str:
+    return json.dumps([list(map(list, t.sample_types)), list(t.period_type), t.period])
+
+
+def shape_of(text: str) -> ProfileType:
+    types, period_type, period = json.loads(text)
+    sample_types = tuple((a, b) for a, b in types)
+    return ProfileType("", sample_types, (period_type[0], period_type[1]), int(period),
+                       folded_index=len(sample_types) - 1)
+
+
+def one(cur: duckdb.DuckDBPyConnection) -> Any:
+    """The one value a query answers."""
+    row = cur.fetchone()
+    if row is None:
+        raise duckdb.InvalidInputException("the query answered no row")
+    return row[0]
+
+
+def frame_of_row(row: tuple[Any, ...]) -> Frame:
+    (_, name, kind, has_mapping, start, limit, offset, path, build_id, has_functions,
+     address, system_name, file, line, inlined) = row
+    mapping = (Mapping(int(start), int(limit), int(offset), path, build_id, bool(has_functions))
+               if has_mapping else None)
+    return Frame(name, FrameKind(kind), mapping, int(address), system_name, file, int(line),
+                 bool(inlined))
+
+
+def frame_columns(frames: dict[int, Frame]) -> dict[str, Any]:
+    fs = list(frames.values())
+    n = len(fs)
+
+    def col(get: Any, dtype: Any) -> Any:
+        return np.array([get(f) for f in fs], dtype=dtype)
+
+    def mcol(get: Any, default: Any, dtype: Any) -> Any:
+        return col(lambda f: default if f.mapping is None else get(f.mapping), dtype)
+
+    return {
+        "id": np.fromiter(frames, np.uint64, n),
+        "name": col(lambda f: f.name, object), "kind": col(lambda f: str(f.kind), object),
+        "has_mapping": col(lambda f: f.mapping is not None, bool),
+        "map_start": mcol(lambda m: m.start, 0, np.uint64),
+        "map_limit": mcol(lambda m: m.limit, 0, np.uint64),
+        "map_offset": mcol(lambda m: m.offset, 0, np.uint64),
+        "map_path": mcol(lambda m: m.path, "", object),
+        "build_id": mcol(lambda m: m.build_id, "", object),
+        "has_functions": mcol(lambda m: m.has_functions, False, bool),
+        "address": col(lambda f: f.address, np.uint64),
+        "system_name": col(lambda f: f.system_name, object),
+        "file": col(lambda f: f.file, object), "line": col(lambda f: f.line, np.int64),
+        "inlined": col(lambda f: f.inlined, bool)}
+
+
+def storage_error(what: str, exc: duckdb.Error) -> StorageError:
+    """StorageFull for a full disk, StorageError otherwise."""
+    text = str(exc)
+    if "No space left" in text or "disk is full" in text.lower():
+        return StorageFull(f"{what}: the disk is full ({text})")
+    return StorageError(f"{what}: {text}")
