@@ -1,0 +1,136 @@
+"""A fleet-shaped hour of profiles, written straight into a collector store.
+
+The shape the store is sized for: 200,000 distinct stacks grown as prefix
+trees (a new stack is an older one plus a frame, as call trees grow) over
+20,000 function names, 20 hosts x 10 processes (200 series), 360 ten-second
+intervals, each series drawing its stacks from a Zipf-like popularity, about
+25 million sample rows. Frames, stacks, threads and series go through the
+store's own interning (the same ids a real write makes); only the pprof
+decoding is skipped, which bench/store_engine.py measures on its own.
+
+    from fleet_hour import generate; generate(store, stacks=200_000, ...)
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from ember.collector.intern import (
+    MAX_VALUES,
+    Rows,
+    frame_id,
+    labels_json,
+    series_id,
+    stack_id,
+    thread_id,
+    thread_name_id,
+    type_id,
+)
+from ember.collector.store import Store, StoredProfile
+from ember.model import CPU, Frame, FrameKind, Mapping
+
+TYPE = "ember_cpu:cpu:nanoseconds:cpu:nanoseconds"
+SHAPE = json.dumps([[list(t) for t in CPU.sample_types], ["cpu", "nanoseconds"], 10101010])
+PERIOD_NS = 10_101_010   # 99 Hz
+
+
+@dataclass(frozen=True)
+class Shape:
+    stacks: int = 200_000
+    functions: int = 20_000
+    hosts: int = 20
+    processes: int = 10
+    intervals: int = 360
+    interval_s: int = 10
+    rows: int = 25_000_000
+    threads_per_process: int = 4
+    seed: int = 1
+
+
+def generate(store: Store, shape: Shape = Shape(), end_ns: int | None = None,
+             log: bool = True) -> dict[str, float]:
+    """Fill ``store`` with one hour ending at ``end_ns`` (now); returns
+    {"rows", "seconds", "rows_per_s"} of the appends."""
+    rng = np.random.default_rng(shape.seed)
+    end_ns = end_ns or time.time_ns()
+    exe = Mapping(0x400000, 0x4000000, 0, "/usr/bin/service", "c0ffee")
+    frames = [Frame(f"svc::module{i % 97}::function_{i}", FrameKind.USER, exe,
+                    0x400000 + 64 * i, file=f"src/module{i % 97}.cc", line=1 + i % 500)
+              for i in range(shape.functions)]
+    fids = [frame_id(f) for f in frames]
+    # stacks as prefix trees: 64 roots, then each new stack extends an older one
+    stacks: list[tuple[int, ...]] = []
+    picks = rng.integers(0, shape.functions, size=shape.stacks)
+    parents = rng.random(shape.stacks)
+    for i in range(shape.stacks):
+        if i < 64:
+            base: tuple[int, ...] = tuple(fids[j] for j in rng.integers(0, shape.functions, 8))
+        else:  # prefer recent stacks as parents: call trees grow deep
+            base = stacks[int(i - 1 - (parents[i] ** 3) * (i - 1))]
+        stacks.append((*base[-60:], fids[int(picks[i])]))
+    sids = np.array([stack_id(s) for s in stacks], np.uint64)
+    rows = Rows()
+    rows.new_frames.update(zip(fids, frames, strict=True))
+    rows.new_stacks.update(zip(sids.tolist(), stacks, strict=True))
+    series, threads, series_labels, tnames = [], [], [], []
+    for h in range(shape.hosts):
+        for p in range(shape.processes):
+            labels = (("__name__", "ember_cpu"), ("host", f"host-{h:02d}"),
+                      ("comm", f"service-{p}"), ("pid", str(1000 + p)))
+            key = labels_json(labels)
+            sid = series_id(key)
+            rows.new_series[sid] = key
+            series.append(sid)
+            series_labels.append(labels)
+            ts, tn = [], []
+            for t in range(shape.threads_per_process):
+                tkey = (1000 + p, 1000 + p + t, f"worker-{t}", ())
+                tid = thread_id(tkey)
+                rows.new_threads[tid] = tkey
+                ts.append(tid)
+                tn.append(thread_name_id(tkey[2]))
+            threads.append(ts)
+            tnames.append(tn)
+    store.append(rows, [])
+    # samples: each (series, interval) draws its stacks by popularity
+    per = max(1, shape.rows // (shape.intervals * len(series)))
+    weights = 1.0 / np.arange(1, shape.stacks + 1) ** 0.6
+    weights /= weights.sum()
+    order = rng.permutation(shape.stacks)
+    start_ns = end_ns - shape.intervals * shape.interval_s * 10**9
+    appended, spent = 0, 0.0
+    t_id = type_id(TYPE)
+    for k in range(shape.intervals):
+        t0 = start_ns + k * shape.interval_s * 10**9
+        batch = Rows()
+        meta = []
+        n = per * len(series)
+        chosen = sids[order[rng.choice(shape.stacks, size=n, p=weights)]]
+        counts = rng.integers(1, 20, size=n)
+        ser = np.repeat(np.array(series, np.uint64), per)
+        which = rng.integers(0, shape.threads_per_process, size=n).tolist()
+        thr = [threads[i // per][x] for i, x in enumerate(which)]
+        batch.tname = [tnames[i // per][x] for i, x in enumerate(which)]
+        batch.time_ns = np.full(n, t0, np.int64).tolist()
+        batch.end_ns = np.full(n, t0 + shape.interval_s * 10**9, np.int64).tolist()
+        batch.series = ser.tolist()
+        batch.type = [t_id] * n
+        batch.thread = thr
+        batch.stack = chosen.tolist()
+        batch.values = [counts.tolist(), (counts * PERIOD_NS).tolist()] + \
+            [[0] * n for _ in range(MAX_VALUES - 2)]
+        for i in range(len(series)):
+            total = int(counts[i * per:(i + 1) * per].sum())
+            meta.append((StoredProfile(f"gen-{k}-{i}", series_labels[i], TYPE, t0,
+                                       shape.interval_s * 10**9, total, b""), SHAPE))
+        began = time.perf_counter()
+        store.append(batch, meta)
+        spent += time.perf_counter() - began
+        appended += n
+        if log and k % 60 == 59:
+            print(f"  {k + 1}/{shape.intervals} intervals, {appended:,} rows", flush=True)
+    return {"rows": appended, "seconds": spent, "rows_per_s": appended / spent}

@@ -1,0 +1,181 @@
+#!/usr/bin/env python3
+"""The collector's store and query engine on a fleet-shaped hour
+(bench/fleet_hour.py: 200,000 distinct stacks, 20,000 functions, 20 hosts
+x 10 processes, 360 ten-second intervals, 25 million sample rows at
+--scale 1).
+
+A real ``ember collector`` process serves the generated store; the
+figures are what its HTTP API answers: each view's latency (the first,
+cold, answer and the median of the next five), 8 concurrent clients over
+--seconds (p50/p99), the collector's peak RSS, the store on disk; and the
+write path on real pprof profiles (validation and store, per profile).
+
+    .venv/bin/python bench/store_engine.py [--scale 1] [--seconds 30]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from dataclasses import replace
+from pathlib import Path
+
+from fleet_hour import Shape, generate
+
+from common import EMBER, free_port, render, status_kb
+from ember.agent.labels import ProcessLabels, series_labels
+from ember.collector.store import Store
+from ember.collector.validate import DEFAULT_LIMITS, check_request
+from ember.encode.writeraw import make_series
+from ember.model import Frame, FrameKind, Mapping, Profile, Sample, cpu_type
+from ember.proto import profilestore_pb2 as ps
+
+VIEWS = [
+    ("whole hour: pruned tree", "/api/v1/tree", {}),
+    ("one host", "/api/v1/tree", {"match": "host=host-03"}),
+    ("one host and command", "/api/v1/tree", {"match": ["host=host-03", "comm=service-2"]}),
+    ("series per host", "/api/v1/timeline", {"by": "host", "buckets": "360"}),
+    ("top functions", "/api/v1/top", {"limit": "100"}),
+    ("zoom (subtree)", "/api/v1/tree", {"focus": "worker-0"}),
+    ("search", "/api/v1/tree", {"search": "function_12"}),
+]
+
+
+def url(port: int, path: str, params: dict[str, object]) -> str:
+    pairs = [("since", "2h")]
+    for k, v in params.items():
+        pairs += [(k, x) for x in (v if isinstance(v, list) else [v])]
+    return f"http://127.0.0.1:{port}{path}?" + "&".join(f"{k}={v}" for k, v in pairs)
+
+
+def fetch(u: str) -> float:
+    began = time.perf_counter()
+    with urllib.request.urlopen(u, timeout=300) as r:
+        r.read()
+    return time.perf_counter() - began
+
+
+def write_path(profiles: int = 40) -> tuple[float, float]:
+    """(validation ms, store ms) per profile of 1,000 stacks from a
+    5,000-function program, the second round with stacks the store knows."""
+    rng = random.Random(1)
+    exe = Mapping(0x400000, 0x4000000, 0, "/usr/bin/service", "c0ffee")
+    frames = [Frame(f"svc::fn_{i}", FrameKind.USER, exe, 0x400000 + 64 * i)
+              for i in range(5000)]
+    stacks = [tuple(rng.choice(frames) for _ in range(rng.randint(8, 30))) for _ in range(3000)]
+    reqs = []
+    for host in range(profiles):
+        samples = tuple(Sample(rng.choice(stacks), (rng.randint(1, 9), 10**7), 100,
+                               100 + rng.randint(0, 3), "w") for _ in range(1000))
+        now = time.time_ns()
+        p = Profile(cpu_type(99), samples, now - 10**10, 10**10)
+        labels = series_labels(p.type, ProcessLabels(pid=100, comm="svc"), {"host": f"h{host}"})
+        reqs.append(ps.WriteRawRequest(series=[make_series(replace(p, labels=labels))[0]]))
+    store = Store(":memory:")
+    began = time.perf_counter()
+    checked = [check_request(r, DEFAULT_LIMITS, time.time_ns()) for r in reqs]
+    validated = time.perf_counter() - began
+    for c in checked:
+        store.write(c)
+    began = time.perf_counter()
+    for c in checked:
+        store.write([replace(sp, profile_id=sp.profile_id + "-again") for sp in c])
+    stored = time.perf_counter() - began
+    store.close()
+    return validated / profiles * 1000, stored / profiles * 1000
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--scale", type=float, default=1.0)
+    ap.add_argument("--seconds", type=float, default=30)
+    ap.add_argument("--clients", type=int, default=8)
+    args = ap.parse_args()
+    s = args.scale
+    shape = Shape(stacks=int(200_000 * s), functions=max(1000, int(20_000 * s)),
+                  rows=int(25_000_000 * s), intervals=max(6, int(360 * s)))
+    out = []
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "store.duckdb"
+        store = Store(path)
+        print(f"generating {shape}", file=sys.stderr)
+        gen = generate(store, shape)
+        store.close()
+        disk = sum(p.stat().st_size for p in Path(tmp).iterdir())
+        port, grpc_port = free_port(), free_port()
+        began = time.monotonic()
+        proc = subprocess.Popen([*EMBER, "collector", "--storage", str(path),
+                                 "--http-listen", f"127.0.0.1:{port}",
+                                 "--grpc-listen", f"127.0.0.1:{grpc_port}"],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        peak = 0
+        stop = threading.Event()
+
+        def watch() -> None:
+            nonlocal peak
+            while not stop.wait(0.2):
+                peak = max(peak, status_kb(proc.pid, "VmRSS"))
+        threading.Thread(target=watch, daemon=True).start()
+        try:
+            while True:
+                try:
+                    fetch(f"http://127.0.0.1:{port}/healthz")
+                    break
+                except OSError:
+                    time.sleep(0.2)
+            opened = time.monotonic() - began
+            rows = []
+            for name, route, params in VIEWS:
+                u = url(port, route, params)
+                cold = fetch(u)
+                warm = statistics.median(fetch(u) for _ in range(5))
+                rows.append([name, f"{cold * 1000:.0f}", f"{warm * 1000:.0f}"])
+            out.append(render(f"Views (scale {s}: {gen['rows']:,} rows; ms)",
+                              ["view", "first", "median of 5"], rows))
+            lat: list[float] = []
+            end = time.monotonic() + args.seconds
+
+            def client(i: int) -> None:
+                k = i
+                while time.monotonic() < end:
+                    _, route, params = VIEWS[k % len(VIEWS)]
+                    lat.append(fetch(url(port, route, params)))
+                    k += 1
+            threads = [threading.Thread(target=client, args=(i,))
+                       for i in range(args.clients)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            lat.sort()
+            p50, p99 = lat[len(lat) // 2], lat[int(len(lat) * 0.99)]
+            out.append(render("Concurrent clients", ["clients", "requests", "p50 ms", "p99 ms"],
+                              [[str(args.clients), str(len(lat)), f"{p50 * 1000:.0f}",
+                                f"{p99 * 1000:.0f}"]]))
+        finally:
+            stop.set()
+            proc.terminate()
+            proc.wait(30)
+        validated, stored = write_path()
+        out.append(render("Store and process", ["figure", "value"], [
+            ["generated rows appended per second", f"{gen['rows_per_s']:,.0f}"],
+            ["store on disk (MB)", f"{disk / 1e6:.0f}"],
+            ["collector start on the store (s)", f"{opened:.1f}"],
+            ["collector peak RSS (MB)", f"{peak / 1024:.0f}"],
+            ["WriteRaw validation per 1,000-stack profile (ms)", f"{validated:.1f}"],
+            ["store write per 1,000-stack profile, known stacks (ms)", f"{stored:.1f}"]]))
+    print("\n".join(out))
+    print(json.dumps({"scale": s}), file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
