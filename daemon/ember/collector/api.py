@@ -106,8 +106,11 @@ def _select(q: Query, prefix: str = "") -> tuple[int, int, dict[str, str]]:
         if not 0 < seconds <= MAX_SINCE_DAYS * 86400:
             raise ValueError(f"{name} must be a duration up to {MAX_SINCE_DAYS}d "
                              f"(e.g. 15m, 1h, 7d), not {text[:40]!r}")
-        # to the second: the requests of one page share their merges
-        now = now // 10**9 * 10**9
+        # to a step of 1/360 of the range (at least a second; 10 s for an
+        # hour, one agent interval): the requests of a page, and of people
+        # looking at the same range, share one merge until the next write
+        step = max(10**9, int(seconds * 1e9) // 360 // 10**9 * 10**9)
+        now = -(-now // step) * step   # up: the newest profiles stay in
         start, end = now - int(seconds * 1e9), now
     if end <= start:
         raise ValueError("the time range is empty")

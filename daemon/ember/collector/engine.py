@@ -64,6 +64,11 @@ class Index:
         self._levels: list[npt.NDArray[np.int64]] = []
         self._levels_for = 0
         self._frame_names: dict[int, int] = {}
+        self._arrays_for = -1
+        self._arrays: tuple[npt.NDArray[np.int64], npt.NDArray[np.int64],
+                            npt.NDArray[np.bool_], npt.NDArray[np.int64]] = (
+            np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, bool),
+            np.zeros(0, np.int64))
 
     def __len__(self) -> int:
         return len(self.parent)
@@ -176,11 +181,15 @@ class Index:
 
     def arrays(self) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64],
                               npt.NDArray[np.bool_], npt.NDArray[np.int64]]:
-        """(parent, name id, recursive, depth) as arrays (copies: the index
-        grows under them)."""
+        """(parent, name id, recursive, depth) as arrays: copies, since the
+        index grows under them, one set shared by every tree made while the
+        index has this size (the cached trees hold only their values)."""
         with self._lock:
-            return (np.array(self.parent, np.int64), np.array(self.name, np.int64),
-                    np.array(self.recursive, bool), np.array(self.depth, np.int64))
+            if self._arrays_for != len(self.parent):
+                self._arrays = (np.array(self.parent, np.int64), np.array(self.name, np.int64),
+                                np.array(self.recursive, bool), np.array(self.depth, np.int64))
+                self._arrays_for = len(self.parent)
+            return self._arrays
 
 
 def _common(a: tuple[int, ...], b: tuple[int, ...]) -> int:
@@ -370,7 +379,7 @@ class Cache:
     tree being made wait for it rather than make it again (a page asks for
     the flame graph and the table at once, and 8 clients ask alike)."""
 
-    def __init__(self, size: int = 16):
+    def __init__(self, size: int = 8):
         self.size = size
         self._lock = threading.Lock()
         self._items: dict[tuple[object, ...], Tree] = {}
