@@ -390,14 +390,9 @@ class Store:
         """The database's blocks in use and its write-ahead log, in bytes."""
         try:
             with self._lock:
-                row = self._db.execute("PRAGMA database_size").fetchone()
+                return self._size()
         except duckdb.Error:
             return 0
-        used = int(row[2]) * int(row[4]) if row else 0
-        if self.path != ":memory:":
-            with contextlib.suppress(OSError):
-                used += os.stat(self.path + ".wal").st_size
-        return used
 
     # --- retention ---
     def enforce_retention(self, max_age_s: float, max_bytes: int) -> tuple[int, int]:
@@ -445,6 +440,7 @@ class Store:
         return deleted
 
     def _size(self) -> int:
+        """size_bytes, under the lock."""
         row = self._db.execute("PRAGMA database_size").fetchone()
         used = int(row[2]) * int(row[4]) if row else 0
         if self.path != ":memory:":
