@@ -163,7 +163,8 @@ def test_query_output_and_messages(tmp_path: Path) -> None:
     r = run("query", "--collector", url)
     assert r.returncode == 1 and r.stderr.startswith(f"ember query: cannot reach {url}: ")
     r = run("query", "--collector", url, "--match", "pid")
-    assert r.returncode == 2 and r.stderr == "ember query: --match must be LABEL=VALUE, not 'pid'\n"
+    assert r.returncode == 2 and r.stderr == (
+        "ember query: --match must be LABEL=VALUE (or !=, =~, !~), not 'pid'\n")
     r = run("query", "--collector", url, "--token-file", str(tmp_path / "none"))
     assert r.returncode == 2 and "cannot read token file" in r.stderr
 

@@ -15,7 +15,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "http://127.0.0.1:7072")
     p.add_argument("--since", default="1h", help="how far back (default 1h)")
     p.add_argument("--match", action="append", default=[], metavar="LABEL=VALUE",
-                   help="label matcher (repeatable)")
+                   help="label matcher, also LABEL!=VALUE, LABEL=~REGEX, LABEL!~REGEX "
+                   "(repeatable: all must hold; several LABEL=VALUE of one label: any)")
     p.add_argument("--type", default=model.CPU.name,
                    help=f"{', '.join(model.KIND_NAMES)}, or a stored type name")
     p.add_argument("--format", choices=("folded", "pprof", "json"), default="folded")
@@ -30,7 +31,7 @@ def profile_url(args: argparse.Namespace) -> str:
 
     for m in args.match:
         if "=" not in m:
-            raise UsageError(f"--match must be LABEL=VALUE, not {m!r}")
+            raise UsageError(f"--match must be LABEL=VALUE (or !=, =~, !~), not {m!r}")
     params = [("since", args.since), ("type", args.type), ("format", args.format)]
     params += [("match", m) for m in args.match]
     return f"{args.collector.rstrip('/')}/api/v1/profile?{urllib.parse.urlencode(params)}"

@@ -2,8 +2,9 @@
 ``ember flamegraph URL`` ask of the stored profiles.
 
 Every route reads a time range (``since=1h`` or ``from=NS&to=NS``) and label
-matchers (``match=LABEL=VALUE``, repeatable) and answers JSON errors as
-{"error": ...}: 400 for bad parameters, 404 when nothing matches.
+matchers (``match=LABEL=VALUE``, also ``!=``, ``=~`` and ``!~``, repeatable:
+matchers.py) and answers JSON errors as {"error": ...}: 400 for bad
+parameters, 404 when nothing matches.
 
   GET /api/v1/profile?type=cpu|offcpu|...|TYPE&format=folded|pprof|json
   GET /api/v1/tree?type=&focus=THREAD;F1;F2&search=RE&max_nodes=5000
@@ -36,6 +37,7 @@ from ..flamegraph.inputs import Stacks
 from ..httpserve import Reply, check_cancelled
 from ..model import CPU, OFFCPU
 from .engine import DEFAULT_NODES, MAX_NODES, Cache, Index, Tree, kinds_of
+from .matchers import Selector, selector
 from .query import FORMATS, SHAPE, TYPE_ALIASES, profile_of, render, scaled, tree_json
 from .store import Aggregate, Store
 from .validate import INT64_MAX
@@ -88,7 +90,7 @@ def _int(q: Query, name: str, default: int, low: int, high: int, what: str) -> i
     return value
 
 
-def _select(q: Query, prefix: str = "") -> tuple[int, int, dict[str, str]]:
+def _select(q: Query, prefix: str = "") -> tuple[int, int, Selector]:
     """(start_ns, end_ns, matchers) from since / from+to and match params
     (prefix "a_" / "b_" for the two sides of a diff)."""
     now = time.time_ns()
@@ -114,19 +116,7 @@ def _select(q: Query, prefix: str = "") -> tuple[int, int, dict[str, str]]:
         start, end = now - int(seconds * 1e9), now
     if end <= start:
         raise ValueError("the time range is empty")
-    return start, end, _matchers(q.get(prefix + "match", []))
-
-
-def _matchers(params: list[str]) -> dict[str, str]:
-    matchers = {}
-    for m in params:
-        if not m:
-            continue
-        name, sep, value = m.partition("=")
-        if not sep or not name:
-            raise ValueError(f"match must be LABEL=VALUE, not {m!r}")
-        matchers[name] = value
-    return matchers
+    return start, end, selector(q.get(prefix + "match", []))
 
 
 def _width(q: Query) -> int:
@@ -189,7 +179,7 @@ class Api:
         samples; other time: microseconds)."""
         start, end, matchers = _select(q, prefix)
         stored = TYPE_ALIASES.get(type_, type_)
-        key = (stored, start, end, tuple(sorted(matchers.items())), folded,
+        key = (stored, start, end, matchers.key(), folded,
                self.store.generation)
 
         def make() -> Tree | None:

@@ -15,6 +15,7 @@ from ..encode.pprof import encode_pprof
 from ..model import Profile, ProfileType, Sample
 from ..proto import profile_pb2 as pb
 from .intern import MAX_VALUES
+from .matchers import Matchers
 from .tables import shape_of
 
 if TYPE_CHECKING:
@@ -58,7 +59,7 @@ class Aggregate:
     skipped: dict[str, int]
 
 
-def as_sent(store: Store, start_ns: int, end_ns: int, matchers: dict[str, str],
+def as_sent(store: Store, start_ns: int, end_ns: int, matchers: Matchers,
             type_: str | None = None) -> list[Row]:
     """Each stored profile overlapping the range whose labels match, as it
     was sent (rebuilt from its rows: the samples with their frames, threads

@@ -42,6 +42,7 @@ from ..encode.pprof import profile_shape
 from ..errors import StorageError, StorageFull
 from ..model import ProfileType
 from .intern import Interner, Rows, ThreadKey, thread_name_id, type_id
+from .matchers import Matchers, selector
 from .rows import Aggregate, Row, StoredProfile, as_sent
 from .tables import (
     SCHEMA,
@@ -253,9 +254,10 @@ class Store:
                     self._open()
 
     # --- reading ---
-    def series_matching(self, matchers: dict[str, str]) -> list[int]:
-        return [sid for sid, labels in self._series_labels.items()
-                if all(labels.get(k) == v for k, v in matchers.items())]
+    def series_matching(self, matchers: Matchers) -> list[int]:
+        """The series whose labels the matchers select (collector/matchers.py)."""
+        sel = selector(matchers)
+        return [sid for sid, labels in self._series_labels.items() if sel.holds(labels)]
 
     def series_labels(self, sid: int) -> dict[str, str]:
         return self._series_labels.get(sid, {})
@@ -291,7 +293,7 @@ class Store:
         with self._lock:
             return self._db.cursor()
 
-    def aggregate(self, start_ns: int, end_ns: int, matchers: dict[str, str],
+    def aggregate(self, start_ns: int, end_ns: int, matchers: Matchers,
                   type_: str, by_name: bool = False) -> Aggregate | None:
         """The samples of one type in a range, summed per (thread, stack),
         or per (thread name, stack) with ``by_name`` (all the flame graph
@@ -340,7 +342,7 @@ class Store:
                          tuple(np.asarray(c, np.int64) for c in cols[2:]),
                          int(counted[0]) - skipped.get("shape", 0), skipped)
 
-    def timeline(self, start_ns: int, end_ns: int, matchers: dict[str, str],
+    def timeline(self, start_ns: int, end_ns: int, matchers: Matchers,
                  type_: str) -> list[tuple[int, int, int]]:
         """(time_ns, series, samples) per stored profile of the range."""
         where = self._where(start_ns, end_ns, self.series_matching(matchers), type_)
@@ -354,7 +356,7 @@ class Store:
                 + (" AND series IN (SELECT unnest(?::UBIGINT[]))" if len(args) > 3 else "")
                 + " ORDER BY time_ns", args).fetchall()]
 
-    def query(self, start_ns: int, end_ns: int, matchers: dict[str, str],
+    def query(self, start_ns: int, end_ns: int, matchers: Matchers,
               type_: str | None = None) -> list[Row]:
         """Each stored profile overlapping the range whose labels match, as
         it was sent (rows.as_sent)."""
