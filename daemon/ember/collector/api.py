@@ -41,6 +41,7 @@ from .matchers import Selector, selector
 from .query import FORMATS, SHAPE, TYPE_ALIASES, profile_of, render, scaled, tree_json
 from .store import Aggregate, Store
 from .validate import INT64_MAX
+from .window import Made, Windows
 
 Query = dict[str, list[str]]
 Route = Callable[[Query], Reply]
@@ -134,6 +135,7 @@ class Api:
         self.on_skip = on_skip  # hears of stored profiles a merge left out
         self.index = Index(store)
         self.cache = Cache()
+        self.windows = Windows()
         self.routes: dict[str, Route] = {
             "/api/v1/profile": self._profile, "/api/v1/tree": self._tree_route,
             "/api/v1/flamegraph": self._flamegraph,
@@ -182,7 +184,7 @@ class Api:
         key = (stored, start, end, matchers.key(), folded,
                self.store.generation)
 
-        def make() -> Tree | None:
+        def build(generation: int) -> Made | None:
             agg = self.store.aggregate(start, end, matchers, stored, by_name=True)
             if agg is None:
                 return None
@@ -197,8 +199,13 @@ class Api:
             else:
                 unit = "ns" if last_unit == "nanoseconds" else last_type
                 index, scale = len(types) - 1, 1
-            return Tree.build(self.index, agg, index, unit, offcpu=last_type == "off_cpu",
+            tree = Tree.build(self.index, agg, index, unit, offcpu=last_type == "off_cpu",
                               scale=scale, sample_types=types)
+            return Made(start, end, generation, agg.shape, index, tree)
+
+        def make() -> Tree | None:
+            return self.windows.tree(self.store, (stored, matchers.key(), folded), stored,
+                                     matchers, start, end, build)
 
         tree = self.cache.get(key, make)
         if tree is None:

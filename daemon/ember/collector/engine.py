@@ -226,7 +226,6 @@ class Tree:
               offcpu: bool = False, scale: int = 1,
               sample_types: tuple[tuple[str, str], ...] = ()) -> Tree:
         leaves = index.leaves(agg)
-        levels = index.levels()
         parent, name, rec, depth = index.arrays()
         n = len(parent)
         values = agg.values[value]
@@ -235,14 +234,31 @@ class Tree:
         kind = np.float64 if wide else np.int64
         self_w: npt.NDArray[Any] = np.zeros(n, kind)
         np.add.at(self_w, leaves, values.astype(kind))
-        total_w: npt.NDArray[Any] = self_w.copy()
-        for level in reversed(levels[1:]):
-            check_cancelled()
-            level = level[level < n]
-            np.add.at(total_w, parent[level], total_w[level])
+        total_w = _totals(index, self_w, parent)
         self_, total = (_saturated(self_w), _saturated(total_w)) if wide else (self_w, total_w)
         return cls(index, self_, total, parent, name, rec, depth, agg.profiles, unit, offcpu,
                    scale, sample_types)
+
+    def slid(self, gained: Aggregate, lost: Aggregate | None, value: int) -> Tree | None:
+        """This tree with the sums of ``gained`` added and of ``lost`` taken
+        away (collector/window.py); None where int64 could overflow, for
+        Tree.build to saturate as it does."""
+        limit = 2.0**61
+        if float(np.abs(self.total.astype(np.float64)).max(initial=0)) >= limit or any(
+                float(np.abs(a.values[value].astype(np.float64)).sum()) >= limit
+                for a in (gained, lost) if a is not None):
+            return None
+        leaves = self.index.leaves(gained)
+        gone = self.index.leaves(lost) if lost is not None else leaves[:0]
+        parent, name, rec, depth = self.index.arrays()
+        self_w = np.zeros(len(parent), np.int64)
+        self_w[:len(self.self_)] = self.self_
+        np.add.at(self_w, leaves, gained.values[value])
+        if lost is not None:
+            np.subtract.at(self_w, gone, lost.values[value])
+        return Tree(self.index, self_w, _totals(self.index, self_w, parent), parent, name, rec,
+                    depth, gained.profiles, self.unit, self.offcpu, self.scale,
+                    self.sample_types)
 
     # --- the nodes of one view ---
     def find(self, path: list[str]) -> int:
@@ -364,6 +380,19 @@ class Tree:
         order = sorted(present.tolist(), key=lambda i: (-first[i], -second[i], names[i]))
         return [{"name": names[i], "self": int(self_by[i]), "total": int(total_by[i])}
                 for i in order[:limit]]
+
+
+def _totals(index: Index, self_w: npt.NDArray[Any],
+            parent: npt.NDArray[np.int64]) -> npt.NDArray[Any]:
+    """Each node's total: its self value and its descendants', one pass
+    per depth from the leaves up."""
+    n = len(self_w)
+    total: npt.NDArray[Any] = self_w.copy()
+    for level in reversed(index.levels()[1:]):
+        check_cancelled()
+        level = level[level < n]
+        np.add.at(total, parent[level], total[level])
+    return total
 
 
 def _saturated(a: npt.NDArray[Any]) -> npt.NDArray[np.int64]:

@@ -29,6 +29,7 @@ import os
 import threading
 import time
 from array import array
+from collections import deque
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -69,6 +70,8 @@ class Store:
         self.path = str(path)
         self._lock = threading.Lock()
         self.generation = 0     # bumped by every change: query caches key on it
+        # (generation, earliest time_ns written; -1: a delete) of recent changes
+        self._changes: deque[tuple[int, int]] = deque(maxlen=256)
         self.interner = Interner()
         self._series_labels: dict[int, dict[str, str]] = {}
         self._shapes: dict[int, list[tuple[str, ProfileType]]] = {}   # type id -> shapes
@@ -179,6 +182,7 @@ class Store:
             self._note_type(sp.type, type_id(sp.type), shape)
         if meta:
             self.generation += 1
+            self._changes.append((self.generation, min(sp.time_ns for sp, _ in meta)))
 
     def append(self, rows: Rows, meta: list[tuple[StoredProfile, str]]) -> None:
         """Rows made by the caller (a benchmark's generated hour)."""
@@ -259,6 +263,18 @@ class Store:
         sel = selector(matchers)
         return [sid for sid, labels in self._series_labels.items() if sel.holds(labels)]
 
+    def written_since(self, generation: int) -> int | None:
+        """The earliest time_ns any write since ``generation`` stored
+        (INT64_MAX: none); None when rows were deleted since, or the log of
+        changes does not reach back that far."""
+        with self._lock:
+            if generation == self.generation:
+                return (1 << 63) - 1
+            newer = [low for gen, low in self._changes if gen > generation]
+            if len(newer) != self.generation - generation or min(newer) < 0:
+                return None
+            return min(newer)
+
     def series_labels(self, sid: int) -> dict[str, str]:
         return self._series_labels.get(sid, {})
 
@@ -294,11 +310,14 @@ class Store:
             return self._db.cursor()
 
     def aggregate(self, start_ns: int, end_ns: int, matchers: Matchers,
-                  type_: str, by_name: bool = False) -> Aggregate | None:
+                  type_: str, by_name: bool = False,
+                  rows: tuple[str, int] | None = None) -> Aggregate | None:
         """The samples of one type in a range, summed per (thread, stack),
         or per (thread name, stack) with ``by_name`` (all the flame graph
         needs, and far fewer groups over a fleet); None when no stored
-        profile matches."""
+        profile matches. ``rows`` (a condition on one column, such as
+        ("time_ns >=", T)) narrows the sums, not the count of profiles: the
+        rows a range gained or lost since another (collector/window.py)."""
         shapes = self.shapes(type_)
         where = self._where(start_ns, end_ns, self.series_matching(matchers), type_)
         if where is None or not shapes:
@@ -330,6 +349,11 @@ class Store:
                 args = [*args, args[2], shape_json(shape)]
             sums = ", ".join(f"least(greatest(sum(v{i}), {-(1 << 63)}), {(1 << 63) - 1})::BIGINT"
                              for i in range(n))
+            if rows is not None:
+                column, op = rows[0].split()
+                assert column in ("time_ns", "end_ns") and op in ("<", ">="), rows
+                clause += f" AND {column} {op} ?"
+                args = [*args, rows[1]]
             who = "tname" if by_name else "thread"
             got = cur.execute(f"SELECT {who}, stack, {sums} FROM samples WHERE {clause} "
                               f"GROUP BY {who}, stack", args).fetchnumpy()
@@ -424,6 +448,7 @@ class Store:
             self._db.execute("COMMIT")
             self._db.execute("CHECKPOINT")
             self.generation += 1
+            self._changes.append((self.generation, -1))
         return n
 
     def _make_room(self, max_bytes: int, incoming: int) -> int:

@@ -1,0 +1,91 @@
+"""A tree slid along time instead of merged again.
+
+A page left on "the last hour" asks again as time passes, and a fleet
+writes every few seconds; each write makes the cached tree stale, and the
+whole hour merged again from its rows takes over a second. The new range
+mostly overlaps the last one's, so the last tree of the same query and the
+same length is moved on instead: the rows the range gained (newer than the
+old end) are added and the rows it lost (ended before the new start) taken
+away, two small sums over the edges rather than one over the hour.
+
+That is exact only while the stored rows inside the old range are the ones
+it was built from: any write since then must hold only rows newer than the
+old end (what agents shipping on time do), and nothing may have been
+deleted. Otherwise, and when the range moved back, shrank to nothing shared
+or changed its sample types, the tree is merged from the rows as before.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ..model import ProfileType
+from .engine import Tree
+from .matchers import Selector
+from .store import Store
+
+
+@dataclass(frozen=True)
+class Made:
+    """A tree and what it was made of."""
+    start: int
+    end: int
+    generation: int
+    shape: ProfileType
+    value: int          # which of the sample types the tree sums
+    tree: Tree
+
+
+class Windows:
+    """The latest tree per (type, matchers, value, range length), to slide."""
+
+    def __init__(self, size: int = 16):
+        self.size = size
+        self._lock = threading.Lock()
+        self._latest: OrderedDict[tuple[object, ...], Made] = OrderedDict()
+        self.slid = 0       # how many trees were slid rather than merged (tests, metrics)
+
+    def tree(self, store: Store, key: tuple[object, ...], stored: str, selector: Selector,
+             start: int, end: int, build: Callable[[int], Made | None]) -> Tree | None:
+        """The tree of ``stored`` over [start, end) for ``selector``: slid
+        from the last one of ``key`` when that is exact, else ``build(generation)``."""
+        generation = store.generation   # before reading: a write during the read is redone
+        key = (*key, end - start)
+        with self._lock:
+            last = self._latest.get(key)
+        made = self._slide(store, last, stored, selector, start, end, generation) if last else None
+        if made is None:
+            made = build(generation)
+        else:
+            self.slid += 1
+        if made is not None:
+            with self._lock:
+                self._latest[key] = made
+                self._latest.move_to_end(key)
+                while len(self._latest) > self.size:
+                    self._latest.popitem(last=False)
+        return made.tree if made is not None else None
+
+    @staticmethod
+    def _slide(store: Store, last: Made, stored: str, selector: Selector, start: int,
+               end: int, generation: int) -> Made | None:
+        if not last.start <= start < last.end <= end:
+            return None
+        written = store.written_since(last.generation)
+        if written is None or written < last.end or store.shapes(stored) != [last.shape]:
+            return None
+        gained = store.aggregate(start, end, selector, stored, by_name=True,
+                                 rows=("time_ns >=", last.end))
+        if gained is None or gained.shape != last.shape:
+            return None
+        lost = None
+        if start > last.start:
+            lost = store.aggregate(last.start, last.end, selector, stored, by_name=True,
+                                   rows=("end_ns <", start))
+        tree = last.tree.slid(gained, lost, last.value)
+        if tree is None:
+            return None
+        return Made(start, end, generation, last.shape, last.value, tree)

@@ -1,0 +1,105 @@
+"""Trees slid along time (collector/window.py) answer exactly what a merge
+of the rows answers: through writes of newer profiles, and not slid after a
+late write, a deletion or a range that moved back."""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Iterator
+from dataclasses import replace
+
+import pytest
+
+from ember.agent.labels import ProcessLabels, series_labels
+from ember.collector.api import Api
+from ember.collector.store import Store
+from ember.collector.validate import DEFAULT_LIMITS, check_request
+from ember.encode.writeraw import make_series
+from ember.proto import profilestore_pb2 as ps
+from tests.collector.test_query import fleet_profile
+
+S = 10**9
+T0 = 1_700_000_000 * S   # the first profile's start
+
+
+def write(store: Store, rng: random.Random, at: int, pids: tuple[int, ...] = (10, 11, 12)) -> None:
+    """One profile per pid starting ``at`` seconds after T0, lasting 1 s."""
+    series = []
+    for pid in pids:
+        labels = series_labels(fleet_profile(rng).type, ProcessLabels(pid=pid, comm="app"),
+                               {"host": f"h{pid % 2}"})
+        prof = replace(fleet_profile(rng, 30), start_ns=T0 + at * S, duration_ns=S,
+                       labels=labels)
+        series.append(make_series(prof)[0])
+    store.write(check_request(ps.WriteRawRequest(series=series), DEFAULT_LIMITS,
+                              T0 + (at + 1) * S))
+
+
+@pytest.fixture
+def api() -> Iterator[Api]:
+    a = Api(Store(":memory:"))
+    yield a
+    a.store.close()
+
+
+def views(api: Api, lo: int, hi: int, match: str = "") -> tuple[bytes, bytes]:
+    """(folded, pruned tree JSON) of [T0+lo s, T0+hi s)."""
+    q = {"from": [str(T0 + lo * S)], "to": [str(T0 + hi * S)], "max_nodes": ["20000"]}
+    if match:
+        q["match"] = [match]
+    out = []
+    for path, extra in (("/api/v1/profile", {"format": ["folded"]}), ("/api/v1/tree", {})):
+        code, body, _ = api.handle(path, {**q, **extra})
+        assert code == 200, body
+        out.append(body)
+    return out[0], out[1]
+
+
+def merged(api: Api, lo: int, hi: int, match: str = "") -> tuple[bytes, bytes]:
+    """The same views merged from the rows, by an API with nothing cached."""
+    return views(Api(api.store), lo, hi, match)
+
+
+@pytest.mark.parametrize("match", ["", "pid=11", "host!=h1"])
+def test_a_range_moving_on_through_writes_is_slid_and_exact(api: Api, match: str) -> None:
+    rng = random.Random(7)
+    for at in range(20):
+        write(api.store, rng, at)
+    views(api, 0, 15, match)
+    for step in range(1, 8):
+        write(api.store, rng, 19 + step)             # newer than any range asked yet
+        lo, hi = step, 15 + step
+        got = views(api, lo, hi, match)
+        assert got == merged(api, lo, hi, match), step
+        assert json.loads(got[1])["total"] > 0
+    assert api.windows.slid == 7   # folded and the JSON tree share one tree
+
+
+def test_the_same_range_after_a_write_beyond_it_is_unchanged(api: Api) -> None:
+    rng = random.Random(1)
+    for at in range(10):
+        write(api.store, rng, at)
+    before = views(api, 0, 10)
+    write(api.store, rng, 30)
+    assert views(api, 0, 10) == before == merged(api, 0, 10)
+    assert api.windows.slid == 1
+
+
+@pytest.mark.parametrize("change", ["late write", "deletion", "back in time"])
+def test_a_change_inside_the_old_range_merges_again(api: Api, change: str) -> None:
+    rng = random.Random(3)
+    for at in range(2, 20):
+        write(api.store, rng, at)
+    views(api, 2, 14)
+    lo, hi = 4, 16
+    if change == "late write":
+        write(api.store, rng, 10, pids=(13,))       # inside the old range, written after it
+    elif change == "deletion":
+        api.store.enforce_retention((T0 + 7 * S) / 1e9, 1 << 40)   # nothing: too recent
+        with api.store._writing("test"):
+            api.store._delete_before(T0 + 5 * S)
+    else:
+        lo, hi = 1, 13
+    assert views(api, lo, hi) == merged(api, lo, hi)
+    assert api.windows.slid == 0
