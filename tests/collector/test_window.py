@@ -6,21 +6,25 @@ from __future__ import annotations
 
 import json
 import random
+import time
 from collections.abc import Iterator
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
 from ember.agent.labels import ProcessLabels, series_labels
 from ember.collector.api import Api
+from ember.collector.server import Collector
 from ember.collector.store import Store
 from ember.collector.validate import DEFAULT_LIMITS, check_request
+from ember.config import CollectorConfig
 from ember.encode.writeraw import make_series
 from ember.proto import profilestore_pb2 as ps
 from tests.collector.test_query import fleet_profile
 
 S = 10**9
-T0 = 1_700_000_000 * S   # the first profile's start
+T0 = (time.time_ns() // S - 3600) * S   # the first profile's start: an hour ago, kept
 
 
 def write(store: Store, rng: random.Random, at: int, pids: tuple[int, ...] = (10, 11, 12)) -> None:
@@ -103,3 +107,34 @@ def test_a_change_inside_the_old_range_merges_again(api: Api, change: str) -> No
         lo, hi = 1, 13
     assert views(api, lo, hi) == merged(api, lo, hi)
     assert api.windows.slid == 0
+
+
+def test_a_warm_index_holds_every_stored_stack(api: Api) -> None:
+    rng = random.Random(5)
+    for at in range(6):
+        write(api.store, rng, at)
+    assert api.index.warm(chunk=7) == len(api.store.leaf_keys()[0]) > 7
+    nodes = len(api.index)
+    before = views(api, 0, 6)
+    assert len(api.index) == nodes            # the query found every leaf made
+    assert before == merged(api, 0, 6)
+
+
+def test_a_collector_builds_its_index_as_it_starts(tmp_path: Path) -> None:
+    path = tmp_path / "db.duckdb"
+    store = Store(path)
+    rng = random.Random(2)
+    for at in range(4):
+        write(store, rng, at)
+    stored = len(store.leaf_keys()[0])
+    store.close()
+    c = Collector(CollectorConfig(storage=str(path), grpc_listen="127.0.0.1:0",
+                                  http_listen="127.0.0.1:0"))
+    c.start()
+    try:
+        deadline = time.monotonic() + 60
+        while len(c.api.index._keys) < stored and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(c.api.index._keys) == stored
+    finally:
+        c.close()

@@ -58,7 +58,9 @@ class Index:
         self.names = ["all"]
         self._name_ids = {"all": 0}
         self.kinds: dict[str, str] = {}
-        self._children: dict[tuple[int, int], int] = {}
+        # child node by parent << 32 | name id: one int a key, not a tuple of
+        # two (a fleet's hour has near a million nodes)
+        self._children: dict[int, int] = {}
         self._keys = np.zeros(0, np.uint64)       # sorted (thread name, stack) keys
         self._leaves = np.zeros(0, np.int64)      # their nodes
         self._levels: list[npt.NDArray[np.int64]] = []
@@ -83,9 +85,9 @@ class Index:
     def _child(self, parent: int, nid: int, recursive: bool = False) -> int:
         """The node for name ``nid`` under ``parent``, made if new;
         ``recursive``: the name is also one of its frames' ancestors'."""
-        node = self._children.get((parent, nid))
+        node = self._children.get(parent << 32 | nid)
         if node is None:
-            node = self._children[(parent, nid)] = len(self.parent)
+            node = self._children[parent << 32 | nid] = len(self.parent)
             self.parent.append(parent)
             self.name.append(nid)
             self.depth.append(self.depth[parent] + 1)
@@ -94,17 +96,31 @@ class Index:
 
     def leaves(self, agg: Aggregate) -> npt.NDArray[np.int64]:
         """The node of each (thread name, stack) of an aggregate by name."""
+        return self._ensure(agg.thread, agg.stack)
+
+    def _ensure(self, thread: npt.NDArray[np.uint64],
+                stack: npt.NDArray[np.uint64]) -> npt.NDArray[np.int64]:
         with np.errstate(over="ignore"):
-            keys = agg.stack ^ (agg.thread * _MIX)
+            keys = stack ^ (thread * _MIX)
         with self._lock:
             nodes, found = self._lookup(keys)
             if not found.all():
                 missing = ~found
                 names = self.store.thread_names
-                self._add(keys[missing], agg.stack[missing],
-                          [names.get(t, "") for t in agg.thread[missing].tolist()])
+                self._add(keys[missing], stack[missing],
+                          [names.get(t, "") for t in thread[missing].tolist()])
                 nodes, found = self._lookup(keys)
         return nodes
+
+    def warm(self, chunk: int = 50_000) -> int:
+        """Every stored (thread name, stack) made a leaf, as a collector
+        starts: the first query then finds the index built (for a fleet's
+        hour, 800,000 leaves take seconds). In chunks, so what a chunk needs
+        on the way (its stacks' frames) stays small. Returns the leaves."""
+        thread, stack = self.store.leaf_keys()
+        for i in range(0, len(stack), chunk):
+            self._ensure(thread[i:i + chunk], stack[i:i + chunk])
+        return len(stack)
 
     def _lookup(self, keys: npt.NDArray[np.uint64]) -> tuple[npt.NDArray[np.int64],
                                                              npt.NDArray[np.bool_]]:
@@ -266,7 +282,7 @@ class Tree:
         node = 0
         for name in path:
             nid = self.index._name_ids.get(name)
-            child = None if nid is None else self.index._children.get((node, nid))
+            child = None if nid is None else self.index._children.get(node << 32 | nid)
             if child is None or child >= len(self.total) or not self.total[child]:
                 raise LookupError(f"no frame {name!r} under {self.path(node) or 'all'}")
             node = child

@@ -398,6 +398,15 @@ class Store:
                 out[int(sid)] = tuple(a)
             return out
 
+    def leaf_keys(self) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.uint64]]:
+        """(thread name, stack) of every distinct pair stored."""
+        try:
+            with contextlib.closing(self.cursor()) as cur:
+                got = cur.execute("SELECT DISTINCT tname, stack FROM samples").fetchnumpy()
+        except duckdb.Error as exc:
+            raise StorageError(f"query failed: {exc}") from None
+        return (np.asarray(got["tname"], np.uint64), np.asarray(got["stack"], np.uint64))
+
     def label_names(self) -> list[str]:
         return sorted({k for labels in self._series_labels.values() for k in labels})
 
