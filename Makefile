@@ -5,7 +5,14 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 SETUP_STAMP := $(VENV)/.setup-done
 
-.PHONY: setup fixtures proto lint test unit run bench clean
+.PHONY: setup fixtures proto lint test unit run bench image clean
+
+# The container image of deploy/Dockerfile, under the name
+# deploy/kubernetes/kustomization.yaml uses (docs/install.md says how to push
+# it to a registry of one's own: make image IMAGE=registry.example.com/ember:TAG).
+VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+IMAGE ?= localhost/ember:$(VERSION)
+ENGINE ?=
 
 $(SETUP_STAMP): deploy/host-setup.sh pyproject.toml
 	deploy/host-setup.sh --dev --venv $(VENV)
@@ -47,6 +54,21 @@ run: setup
 # against baselines measured in the same run. Not a test: nothing is asserted.
 bench: setup fixtures
 	$(PY) bench/suite.py
+
+# Builds with docker, else podman (ENGINE=podman to choose); no host set-up needed.
+image:
+	@engine="$(ENGINE)"; \
+	if [ -z "$$engine" ]; then \
+		for e in docker podman; do \
+			if command -v $$e >/dev/null 2>&1; then engine=$$e; break; fi; \
+		done; \
+	fi; \
+	if [ -z "$$engine" ] || ! command -v "$$engine" >/dev/null 2>&1; then \
+		echo "make image: no container engine: install docker or podman (or set ENGINE=)" >&2; \
+		exit 1; \
+	fi; \
+	echo "$$engine build -f deploy/Dockerfile -t $(IMAGE) ."; \
+	$$engine build -f deploy/Dockerfile -t $(IMAGE) .
 
 clean:
 	$(MAKE) -s -C tests/fixtures clean
