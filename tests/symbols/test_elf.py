@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ember.errors import ElfError
-from ember.symbols.elf import ElfSymbols, SymbolIndex
+from ember.symbols.elf import ElfSymbols, Segment, SymbolIndex
 from tests.support import BIN
 from tests.support.elf import nm, nm_sized
 
@@ -44,6 +44,26 @@ def test_build_id_and_segments(fixture_bin: Path) -> None:
     assert any(s.executable for s in elf.segments)
     text = next(s for s in elf.segments if s.executable)
     assert elf.vaddr_of_offset(text.offset + 0x10) == text.vaddr + 0x10
+
+
+def test_a_mapping_of_a_packed_segment_starts_a_page_below_it(fixture_bin: Path) -> None:
+    """LLD's layout (a Rust binary's program headers): the executable
+    segment begins inside the read-only segment's last page, so its
+    mapping's offset, 0x15000, is covered by both; only the executable one
+    gives the address the mapping starts at."""
+    elf = ElfSymbols(fixture_bin / "pie_main", symbols=False)
+    elf.segments = (Segment(0, 0, 0x1521C, 0x1521C, False),
+                    Segment(0x15220, 0x16220, 0x40A80, 0x40A80, True),
+                    Segment(0x55CA0, 0x57CA0, 0x2BA8, 0x3360, False))
+    assert elf.vaddr_of_offset(0x15000) == 0x15000          # a page off
+    assert elf.vaddr_of_mapping(0x15000, executable=True) == 0x16000
+    assert elf.vaddr_of_mapping(0, executable=False) == 0
+    assert elf.vaddr_of_mapping(0x55000, executable=False) == 0x57000
+    # GNU ld's executable segment starts on a page: read as before
+    gnu = ElfSymbols(fixture_bin / "pie_main", symbols=False)
+    text = next(seg for seg in gnu.segments if seg.executable)
+    start = text.offset & -4096
+    assert gnu.vaddr_of_mapping(start, True) == text.vaddr - (text.offset - start)
 
 
 def test_dynsym_fallback(tmp_path: Path, fixture_bin: Path) -> None:

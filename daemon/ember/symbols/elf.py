@@ -15,6 +15,7 @@ non-PIE and shared objects are handled alike.
 from __future__ import annotations
 
 import bisect
+import mmap
 import struct
 from array import array
 from collections.abc import Callable, Sequence
@@ -153,6 +154,19 @@ class ElfSymbols:
             if seg.offset <= offset < seg.offset + max(seg.filesz, 1):
                 return offset - seg.offset + seg.vaddr
         return None
+
+    def vaddr_of_mapping(self, offset: int, executable: bool) -> int | None:
+        """ELF address where a mapping of the file from ``offset`` (page
+        aligned, as in /proc/PID/maps) starts. LLD packs segments: .text at
+        file offset 0x15220 shares its first page with the read-only segment
+        before it, so the first segment covering 0x15000 is a page off; the
+        mapping being executable (unwind tables cover code) picks the one."""
+        page = mmap.PAGESIZE
+        for seg in self.segments:
+            if seg.executable == executable and \
+                    seg.offset & -page <= offset < seg.offset + max(seg.filesz, 1):
+                return offset - seg.offset + seg.vaddr
+        return self.vaddr_of_offset(offset)
 
     def vaddrs_of_offsets(self, offsets: npt.NDArray[np.uint64]
                           ) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.bool_]]:

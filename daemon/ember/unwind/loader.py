@@ -255,7 +255,8 @@ class TableLoader:
                 continue  # JIT, anonymous, vdso: frame pointers
             key = _object_key(entry)
             elf = self._know(proc.pid, entry, key).elf
-            vaddr = elf.vaddr_of_offset(entry.offset) if elf is not None else None
+            vaddr = (elf.vaddr_of_mapping(entry.offset, entry.executable)
+                     if elf is not None else None)
             if elf is None or vaddr is None:
                 continue
             obj = self._place(key, elf)

@@ -74,7 +74,7 @@ class RemoteUnwinder:
             for path in self.procfs.object_candidates(pid, entry):
                 try:
                     elf = ElfSymbols(path, symbols=False)
-                    vaddr = elf.vaddr_of_offset(entry.offset)
+                    vaddr = elf.vaddr_of_mapping(entry.offset, entry.executable)
                     if vaddr is not None:
                         found = (cached_table(path, self.cache_dir), entry.start - vaddr)
                     break
