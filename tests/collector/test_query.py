@@ -44,7 +44,7 @@ from ember.model import (
 from ember.proto import profile_pb2 as pb
 from ember.proto import profilestore_pb2 as ps
 from tests.support.legacy import write_legacy
-from tests.support.profiles import cpu_profile, offcpu_profile
+from tests.support.profiles import cpu_profile, fleet_profile, offcpu_profile
 
 NOW = time.time_ns()
 ALL = {"from": ["0"], "to": [str(INT64_MAX)]}
@@ -56,28 +56,6 @@ def stored(prof: Profile, pid: int = 10, at: int = 0) -> list[StoredProfile]:
     labels = series_labels(prof.type, ProcessLabels(pid=pid, comm="app"), {"host": f"h{pid}"})
     sent = replace(prof, start_ns=NOW - (at + 1) * 10**9, duration_ns=10**9, labels=labels)
     return check_request(ps.WriteRawRequest(series=[make_series(sent)[0]]), DEFAULT_LIMITS, NOW)
-
-
-def fleet_profile(rng: random.Random, n: int = 60) -> Profile:
-    """Stacks from a small call tree, with source lines and inlined frames."""
-    names = [f"fn{i}" for i in range(40)]
-    frames = []
-    for i, name in enumerate(names):
-        frames.append(Frame(name, FrameKind.USER, EXE, 0x400000 + 16 * i, file=f"src/{name}.c",
-                            line=10 + i))
-    samples = []
-    for _ in range(n):
-        depth = rng.randint(1, 12)
-        stack = [frames[0]] + [rng.choice(frames[1:]) for _ in range(depth)]
-        leaf = stack[-1]
-        inl = Frame(f"{leaf.name}_inl", FrameKind.USER, EXE, leaf.address, file="inl.h",
-                    line=3, inlined=True)
-        if rng.random() < 0.3:  # an inlined function at the leaf's address
-            stack = [*stack[:-1], replace(leaf, line=leaf.line), inl]
-        tid = rng.choice([11, 12, 13])
-        samples.append(Sample(tuple(stack), (rng.randint(1, 9), rng.randint(1, 9) * 10**7),
-                              10, tid, f"worker-{tid % 2}"))
-    return replace(cpu_profile(), samples=tuple(samples))
 
 
 @pytest.fixture

@@ -21,7 +21,7 @@ from ember.collector.validate import DEFAULT_LIMITS, check_request
 from ember.config import CollectorConfig
 from ember.encode.writeraw import make_series
 from ember.proto import profilestore_pb2 as ps
-from tests.collector.test_query import fleet_profile
+from tests.support.profiles import fleet_profile
 
 S = 10**9
 T0 = (time.time_ns() // S - 3600) * S   # the first profile's start: an hour ago, kept

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import random
+from dataclasses import replace
+
 from ember.model import (
     KERNEL_MAPPING,
     OFFCPU_TYPE,
@@ -42,3 +45,28 @@ def offcpu_profile() -> Profile:
         Sample((SCHED, Frame.marker("[runnable]")), (1, 2_500), 20, 20, "kworker/0:1",
                (("thread_state", "runnable"),)),
     ), start_ns=1_700_000_000_000_000_000, duration_ns=5_000_000_000)
+
+
+FLEET_EXE = Mapping(0x400000, 0x500000, 0, "/usr/bin/app", "feedface")
+
+
+def fleet_profile(rng: random.Random, n: int = 60) -> Profile:
+    """Stacks from a small call tree, with source lines and inlined frames."""
+    names = [f"fn{i}" for i in range(40)]
+    frames = []
+    for i, name in enumerate(names):
+        frames.append(Frame(name, FrameKind.USER, FLEET_EXE, 0x400000 + 16 * i,
+                            file=f"src/{name}.c", line=10 + i))
+    samples = []
+    for _ in range(n):
+        depth = rng.randint(1, 12)
+        stack = [frames[0]] + [rng.choice(frames[1:]) for _ in range(depth)]
+        leaf = stack[-1]
+        inl = Frame(f"{leaf.name}_inl", FrameKind.USER, FLEET_EXE, leaf.address, file="inl.h",
+                    line=3, inlined=True)
+        if rng.random() < 0.3:  # an inlined function at the leaf's address
+            stack = [*stack[:-1], replace(leaf, line=leaf.line), inl]
+        tid = rng.choice([11, 12, 13])
+        samples.append(Sample(tuple(stack), (rng.randint(1, 9), rng.randint(1, 9) * 10**7),
+                              10, tid, f"worker-{tid % 2}"))
+    return replace(cpu_profile(), samples=tuple(samples))
