@@ -3,6 +3,7 @@ standard input, a collector URL; and the helpers diff and hot/cold use."""
 
 from __future__ import annotations
 
+import gzip
 import io
 import sys
 from collections import Counter
@@ -11,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from ember.encode.pprof import encode_pprof
+from ember.encode.pprof import encode_pprof, to_proto
 from ember.errors import UsageError
-from ember.flamegraph.inputs import Stacks, as_time, load, stacks_of, strip_hex
+from ember.flamegraph.inputs import Stacks, as_time, load, load_stream, stacks_of, strip_hex
 from ember.httpserve import serve
 from ember.runtimes.pycode import PYTHON_MAPPING
 from tests.support.net import free_port
@@ -115,3 +116,26 @@ def test_as_time() -> None:
                                                offcpu=True)
     with pytest.raises(UsageError, match="give --frequency"):
         as_time(counts, None, "hot.folded")
+
+
+def test_pprof_strings_not_utf8_are_repaired_not_refused() -> None:
+    """Go's pprof writes a symbol's bytes as they are; the protobuf runtime
+    refuses such strings. The bad bytes become U+FFFD, every sample stays."""
+    data = to_proto(cpu_profile()).SerializeToString()
+    assert data.count(b"\x04main") == 1
+    bad = data.replace(b"\x04main", b"\x04m\xffin")
+    want = load_stream(io.BytesIO(gzip.compress(data)), "good.pb.gz")
+    for raw in (bad, gzip.compress(bad)):
+        got = load_stream(io.BytesIO(raw), "bad.pb")
+        assert got.total == want.total
+        assert Counter({k.replace("m\ufffdin", "main"): v for k, v in got.stacks.items()}) \
+            == want.stacks
+        assert any("m\ufffdin" in k for k in got.stacks)
+
+
+def test_pprof_broken_elsewhere_is_still_refused() -> None:
+    """Strings that are fine and a sample that is not protobuf: no repair
+    makes that a profile."""
+    broken = b"\x32\x01a" + b"\x12\x02\xff\xff"  # string_table "a", sample of junk
+    with pytest.raises(UsageError, match=r"^bad\.pb: neither folded stacks nor a pprof"):
+        load_stream(io.BytesIO(gzip.compress(broken)), "bad.pb")

@@ -20,11 +20,11 @@ from typing import NamedTuple
 
 from google.protobuf.message import DecodeError
 
+from ..encode.pprof import repaired
 from ..encode.writeraw import LABEL_NAME, PROFILE_ID_PREFIX
 from ..model import MAX_STACK_DEPTH, TRUNCATED
 from ..proto import profile_pb2 as pb
 from ..proto import profilestore_pb2 as ps
-from ..proto.pprof_strings_pb2 import ProfileStrings
 from .store import StoredProfile
 
 METRIC_NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
@@ -141,19 +141,14 @@ def parse(data: bytes, limits: Limits) -> tuple[pb.Profile, bool]:
     except DecodeError as exc:
         error = exc
     try:
-        raw = ProfileStrings.FromString(data)
+        profile = repaired(data, limits.max_strings)
     except DecodeError:
         raise InvalidRequest(f"not a pprof profile: {error}") from None
-    if len(raw.string_table) > limits.max_strings:
-        raise InvalidRequest(f"{len(raw.string_table)} strings, at most {limits.max_strings}")
-    fixed = [s.decode("utf-8", "replace").encode() for s in raw.string_table]
-    if fixed == raw.string_table:
+    except ValueError as exc:
+        raise InvalidRequest(str(exc)) from None
+    if profile is None:
         raise InvalidRequest(f"not a pprof profile: {error}")  # not a string problem
-    raw.string_table[:] = fixed
-    try:
-        return pb.Profile.FromString(raw.SerializeToString()), True
-    except DecodeError as exc:
-        raise InvalidRequest(f"not a pprof profile: {exc}") from None
+    return profile, True
 
 
 def _at_most(n: int, limit: int, what: str) -> None:

@@ -133,6 +133,27 @@ def decode_pprof(data: bytes, max_size: int | None = None) -> pb.Profile:
     return p
 
 
+def repaired(raw: bytes | bytearray, max_strings: int | None = None) -> pb.Profile | None:
+    """The Profile in ``raw`` (not gzip) with each string that is not UTF-8
+    made valid, bad byte sequences as U+FFFD: Go's pprof writes a symbol's
+    bytes as they are, and the protobuf runtime refuses such a Profile.
+    None when the strings are not what made it refuse; DecodeError when
+    ``raw`` is no protobuf; ValueError past ``max_strings`` strings. The
+    strings are read as bytes (``ProfileStrings``: every other field kept
+    as an unknown field), repaired and the whole parsed again."""
+    from ..proto.pprof_strings_pb2 import ProfileStrings
+
+    strings = ProfileStrings()
+    strings.ParseFromString(raw)  # type: ignore[arg-type]
+    if max_strings is not None and len(strings.string_table) > max_strings:
+        raise ValueError(f"{len(strings.string_table)} strings, at most {max_strings}")
+    fixed = [s.decode("utf-8", "replace").encode() for s in strings.string_table]
+    if fixed == list(strings.string_table):
+        return None
+    strings.string_table[:] = fixed
+    return pb.Profile.FromString(strings.SerializeToString())
+
+
 def gunzip(data: bytes, max_size: int) -> bytearray:
     """Every gzip member of data, inflated a bounded piece at a time: a
     15 MB file can inflate to gigabytes, and a file of many members to as

@@ -8,9 +8,13 @@ off_cpu nanoseconds) is shown in ms/s; folded inputs are counts, or time
 when ``--countname`` is a time unit (ns, us, ms, s). Inputs are untrusted:
 folded text is read and summed a chunk at a time, every input is bounded
 (``MAX_INPUT_SIZE``, gzip included), and stacks deeper than
-``MAX_STACK_DEPTH`` keep their leafmost frames. Kept apart from the
-drawing (graphs.py) because the collector makes the same ``Stacks`` from
-profiles it has merged, without reading any source.
+``MAX_STACK_DEPTH`` keep their leafmost frames. Names are any bytes (a
+thread or symbol name is whatever the program holds): bytes that are not
+UTF-8, in folded text or in a pprof's strings, become U+FFFD, the one
+stand-in the SVG also shows for what XML cannot hold (``svg.escape``), and
+their samples stay. Kept apart from the drawing (graphs.py) because the
+collector makes the same ``Stacks`` from profiles it has merged, without
+reading any source.
 """
 
 from __future__ import annotations
@@ -24,12 +28,15 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import BinaryIO
 
+from google.protobuf.message import DecodeError
+
 from .. import abi
 from ..encode.folded import FoldedError, fold, read_folded
-from ..encode.pprof import GZIP_MAGIC, TooLarge, decode_pprof, from_proto
+from ..encode.pprof import GZIP_MAGIC, TooLarge, decode_pprof, from_proto, gunzip, repaired
 from ..errors import EmberError, UsageError
 from ..httpserve import fetch
 from ..model import Frame, FrameKind, Profile, ProfileType, Sample, merge_samples
+from ..proto import profile_pb2 as pb
 from ..runtimes.pycode import PYTHON_MAPPING
 from . import svg
 
@@ -139,6 +146,11 @@ def _read_all(head: bytes, stream: BinaryIO, source: str, max_size: int) -> byte
 
 
 def _folded(source: str, chunks: Iterable[bytes], countname: str) -> Stacks:
+    """Folded text's stacks. ``read_folded`` decodes with errors="replace",
+    not "surrogateescape": every name must be a str that encodes (the SVG,
+    ``ember diff --folded`` and pprof all write UTF-8), a bad byte then
+    shows as U+FFFD where it stood, as the collector repairs pprof strings,
+    and a line's count is kept whatever its names hold."""
     try:
         stacks = read_folded(chunks)
     except FoldedError as exc:
@@ -155,11 +167,29 @@ def _pprof(source: str, data: bytes, max_size: int) -> Stacks:
     """A pprof file's stacks. It is untrusted: one that decodes as protobuf
     may still index past its tables, so any failure is the input's."""
     try:
-        return stacks_of(*from_proto(decode_pprof(data, max_size)))
+        return stacks_of(*from_proto(_decode(data, max_size)))
     except TooLarge as exc:
         raise UsageError(f"{source}: {exc}") from None
     except Exception as exc:
         raise UsageError(f"{source}: neither folded stacks nor a pprof profile ({exc})") from None
+
+
+def _decode(data: bytes, max_size: int) -> pb.Profile:
+    """``decode_pprof``, but strings that are not UTF-8 become U+FFFD
+    (encode/pprof.py ``repaired``, as the collector does on write) instead
+    of refusing the file."""
+    try:
+        return decode_pprof(data, max_size)
+    except DecodeError as exc:
+        refused = exc
+    raw = gunzip(data, max_size) if data[:2] == GZIP_MAGIC else data  # again: a rare path
+    try:
+        profile = repaired(raw)
+    except DecodeError:
+        raise refused from None  # not protobuf at all: say what a Profile found
+    if profile is None:
+        raise refused  # not a string problem
+    return profile
 
 
 def stacks_of(ptype: ProfileType, samples: Sequence[Sample]) -> Stacks:

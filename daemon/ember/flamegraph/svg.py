@@ -305,10 +305,18 @@ _KEPT = {"\t": "&#9;", "\n": "&#10;", "\r": "&#13;"}
 
 
 def escape(text: str) -> str:
-    """Text for an attribute or element of the SVG, read back as it was.
-    Names are untrusted (any byte a thread or symbol name holds): a single
-    character XML forbids would make the whole graph unreadable, so such
-    characters become U+FFFD."""
+    """Text for an attribute or element of the SVG or of the HTML page
+    around it: the one rule for every name, label, title, unit and hover
+    text drawn, read back by a parser as it was. Names are untrusted (any
+    byte a thread or symbol name holds): markup (``<>&"'``) becomes
+    entities; tab, newline and CR character references (a parser would
+    turn them into spaces); and a character XML 1.0 forbids even as a
+    reference (``_NOT_XML``), which would make the whole graph unreadable,
+    becomes U+FFFD, the stand-in the inputs already use for bytes that are
+    not UTF-8, so a bad name shows one sign however it went bad. U+FFFD
+    rather than a visible ``\\x01``: that text could be a name of its own,
+    and one character for one keeps labels as long as their names. Other
+    text comes out unchanged."""
     return _NOT_XML.sub(_replace, html.escape(text, quote=True))
 
 
