@@ -4,7 +4,6 @@ and with one, where a person signs in and the token never shows in a URL."""
 
 from __future__ import annotations
 
-import io
 import shutil
 import time
 from collections.abc import Iterator
@@ -18,16 +17,11 @@ from ember import config
 from ember.collector.server import Collector
 from ember.config import AgentConfig, CollectorConfig, Targets
 from tests.support.agent import running_agent
+from tests.support.browser import BROWSER_ARGS, CHROMIUM, DRAWN_MS, colours
 from tests.support.net import free_port
 
 pytestmark = pytest.mark.bpf
-CHROMIUM = "/usr/bin/chromium"
 TOKEN = "ui-t0ken-9f3a7c"  # distinctive: searched for in every URL the page requested
-# How long a graph may take to draw: a shared machine under load renders
-# slowly, and a wait is not what these tests measure.
-DRAWN_MS = 90_000
-BROWSER_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                "--disable-component-update", "--disable-sync", "--disable-quic"]
 
 
 @contextmanager
@@ -76,17 +70,6 @@ def token_collector(start_workload, tmp_path: Path) -> Iterator[Collector]:  # t
         yield c
 
 
-def colours(png: bytes) -> tuple[int, int, int]:
-    """(distinct colours, warm pixels, blue pixels) of a screenshot."""
-    from PIL import Image
-
-    raw = Image.open(io.BytesIO(png)).convert("RGB").tobytes()
-    pixels = [tuple(raw[i:i + 3]) for i in range(0, len(raw), 3)]
-    warm = sum(1 for r, g, b in pixels if r > 190 and b < 120 and r - b > 100)
-    blue = sum(1 for r, g, b in pixels if b > 190 and b - r > 60)
-    return len(set(pixels)), warm, blue
-
-
 def graph_frame(page: Any, selector: str) -> Any:
     """The document a graph iframe shows: a blob: URL, as the page fetches
     the SVG itself (with the token, when it has one)."""
@@ -105,11 +88,10 @@ def test_ui_zoom_search_offcpu_and_diff(filled_collector, tmp_path: Path) -> Non
         browser = p.chromium.launch(executable_path=CHROMIUM, args=BROWSER_ARGS)
         page = browser.new_page(viewport={"width": 1500, "height": 1000})
         page.goto(url)
-        flame = page.frame_locator("#flame")
-        flame.locator("g.f[data-n='work_b']").first.wait_for(timeout=DRAWN_MS)
+        page.locator("#graph g.f[data-n='work_b']").first.wait_for(timeout=DRAWN_MS)
         # the top-functions table lists the hottest function
-        page.locator("#top tbody tr").first.wait_for()
-        assert page.locator("#top tbody tr td").first.inner_text() == "spin"
+        page.locator("#top-rows .row").first.wait_for(timeout=DRAWN_MS)
+        assert page.locator("#top-rows .row .name").first.inner_text() == "spin"
         shot = page.screenshot(path=str(tmp_path / "cpu.png"))
         n, warm, _ = colours(shot)
         assert n > 30 and warm > 5000, (n, warm)
@@ -117,38 +99,37 @@ def test_ui_zoom_search_offcpu_and_diff(filled_collector, tmp_path: Path) -> Non
         assert page.locator("#signin-box").is_hidden()
         assert page.locator("#sign-out").is_hidden()
 
-        # click a frame: it fills the width, its siblings go. The widest
-        # work_b: a process's first samples, before its unwind tables were
-        # loaded, were walked by frame pointers and stand apart, narrow.
-        frame = graph_frame(page, "#flame")
-        rects = frame.locator("g.f[data-n='work_b'] rect")
+        # click a frame: the page asks for its subtree, which fills the
+        # width; its siblings go. The widest work_b: a process's first
+        # samples, before its unwind tables were loaded, were walked by frame
+        # pointers and stand apart, narrow.
+        rects = page.locator("#graph g.f[data-n='work_b'] rect")
         widths = [float(rects.nth(i).get_attribute("width") or 0) for i in range(rects.count())]
-        widest = rects.nth(widths.index(max(widths)))
-        widest.click()
-        assert "hidden" not in (frame.locator("#reset").get_attribute("class") or "")
-        width = float(widest.get_attribute("width") or 0)
-        plot = float(frame.locator("svg").get_attribute("data-plot-w") or 0)
+        rects.nth(widths.index(max(widths))).click()
+        page.locator("#graph g.f[data-d='0'][data-n='work_b']").wait_for(timeout=DRAWN_MS)
+        assert page.locator("#reset-zoom").is_visible()
+        width = float(page.get_attribute("#graph g.f[data-d='0'] rect", "width") or 0)
+        plot = float(page.get_attribute("#graph", "width") or 0)
         assert abs(width - plot) < 1
-        assert "hide" in (frame.locator("g.f[data-n='work_a']").first.get_attribute("class") or "")
-        frame.locator("#reset").click()
-        assert "hide" not in (frame.locator("g.f[data-n='work_a']").first.get_attribute("class")
-                              or "")
+        assert page.locator("#graph g.f[data-n='work_a']").count() == 0
+        page.click("#reset-zoom")
+        page.locator("#graph g.f[data-n='work_a']").first.wait_for(timeout=DRAWN_MS)
 
-        # search by regex (Ctrl-F opens the prompt): matched share shown
-        page.once("dialog", lambda d: d.accept("^work_[ab]$"))
-        frame.locator("svg").press("Control+f")
-        matched = frame.locator("#matched")
-        matched.wait_for()
-        text = matched.text_content() or ""
-        share = float(text.split(":")[1].strip().rstrip("%"))
-        assert 70 <= share <= 90, text  # work_a 35% + work_b 50% of the process
+        # search by regex: the matched share of the whole profile
+        page.fill("#search", "^work_[ab]$")
+        page.press("#search", "Enter")
+        page.wait_for_function("document.getElementById('matched').dataset.share !== undefined",
+                               timeout=DRAWN_MS)
+        share = float(page.get_attribute("#matched", "data-share") or -1)
+        assert 70 <= share <= 90, share  # work_a 35% + work_b 50% of the process
         page.screenshot(path=str(tmp_path / "search.png"))
+        page.fill("#search", "")
+        page.press("#search", "Enter")
 
         # switch to off-CPU: a blue graph with the waiting functions
         page.select_option("#type", "offcpu")
-        off = page.frame_locator("#flame")
-        off.locator("g.f[data-n='wait_sleep']").first.wait_for(timeout=DRAWN_MS)
-        assert "Off-CPU" in (off.locator("#title").text_content() or "")
+        page.locator("#graph g.f[data-n='wait_sleep']").first.wait_for(timeout=DRAWN_MS)
+        assert "Off-CPU" in page.inner_text("#subtitle")
         shot = page.screenshot(path=str(tmp_path / "offcpu.png"))
         _, _, blue = colours(shot)
         assert blue > 3000, blue
@@ -211,19 +192,13 @@ def test_ui_sign_in_with_token(token_collector: Collector, tmp_path: Path) -> No
         # the right one: a drawn flame graph, the token in sessionStorage only
         page.fill("#token", TOKEN)
         page.press("#token", "Enter")
-        page.frame_locator("#flame").locator("g.f[data-n='work_b']").first.wait_for(
-            timeout=DRAWN_MS)
+        page.locator("#graph g.f[data-n='work_b']").first.wait_for(timeout=DRAWN_MS)
         assert page.locator("#signin-box").is_hidden()
         assert page.locator("#sign-out").is_visible()
-        page.locator("#top tbody tr").first.wait_for()
-        assert page.locator("#top tbody tr td").first.inner_text() == "spin"
+        page.locator("#top-rows .row").first.wait_for(timeout=DRAWN_MS)
+        assert page.locator("#top-rows .row .name").first.inner_text() == "spin"
         n, warm, _ = colours(page.screenshot(path=str(tmp_path / "signed-in.png")))
         assert n > 30 and warm > 5000, (n, warm)
-        # the graph's own script runs sandboxed: it cannot read the token
-        reach = graph_frame(page, "#flame").evaluate(
-            "() => { try { return parent.sessionStorage.getItem('ember.token'); }"
-            " catch (e) { return e.name; } }")
-        assert reach == "SecurityError", reach
         assert page.evaluate("sessionStorage.getItem('ember.token')") == TOKEN
         assert page.evaluate("[localStorage.length, document.cookie]") == [0, ""]
 
@@ -238,11 +213,16 @@ def test_ui_sign_in_with_token(token_collector: Collector, tmp_path: Path) -> No
         title = page.frame_locator("#diff").locator("#title")
         title.wait_for(timeout=DRAWN_MS)
         assert "Differential" in (title.text_content() or "")
+        # a graph's own script runs sandboxed: it cannot read the token
+        reach = graph_frame(page, "#diff").evaluate(
+            "() => { try { return parent.sessionStorage.getItem('ember.token'); }"
+            " catch (e) { return e.name; } }")
+        assert reach == "SecurityError", reach
 
-        # a reload in the same tab stays signed in
+        # a reload in the same tab stays signed in (and shows the same view)
         page.reload()
-        page.frame_locator("#flame").locator("g.f[data-n='work_b']").first.wait_for(
-            timeout=DRAWN_MS)
+        page.locator("#graph g.f[data-n='work_b']").first.wait_for(timeout=DRAWN_MS)
+        page.frame_locator("#diff").locator("#title").wait_for(timeout=DRAWN_MS)
         assert page.locator("#signin-box").is_hidden()
         frame_urls = [f.url for f in page.frames]
 
@@ -251,9 +231,15 @@ def test_ui_sign_in_with_token(token_collector: Collector, tmp_path: Path) -> No
         page.locator("#signin-box").wait_for()
         assert page.inner_text("#signin-message") == "Signed out."
         assert page.evaluate("sessionStorage.length") == 0
-        assert page.locator("#top tbody tr").count() == 0
-        assert page.evaluate("document.getElementById('flame').src") == "about:blank"
-        assert page.url == url
+        assert page.locator("#top-rows .row").count() == 0
+        assert page.locator("#graph g.f").count() == 0
+        assert page.get_attribute("#diff", "data-blob") == ""
+        diff_frame = page.locator("#diff").element_handle().content_frame()
+        deadline = time.monotonic() + 30
+        while diff_frame.url != "about:blank" and time.monotonic() < deadline:
+            page.wait_for_timeout(100)
+        assert diff_frame.url == "about:blank", diff_frame.url
+        assert page.url.startswith(url + "?") and "diff=1" in page.url
         browser.close()
 
     urls = [u for u, _ in seen] + frame_urls

@@ -6,15 +6,119 @@
 // and sends it only in that header, never in a URL: graphs and downloads are
 // fetched here and shown or saved from blob: URLs, as an iframe's or a
 // link's own request could not carry the header.
+//
+// The whole view (type, range, label matchers, zoomed frame, search, view
+// mode, theme, table sort and filter, compare settings) is the page's query
+// string: a copied URL opens the same view, and Back/Forward go through the
+// views a person chose (pushState on each choice, popstate draws again).
+//
+// Each view (graph, table, timeline, banner, diff) is a slot: a new request
+// aborts the slot's older one, and an answer is shown only if it is the
+// answer to the slot's latest request.
 (function () {
   "use strict";
   var $ = function (id) { return document.getElementById(id); };
-  var state = { type: "cpu", since: "1h", from: null, to: null, matchers: [] };
-  var lastRange = null; // {start, end} of the last timeline
+  var SVGNS = "http://www.w3.org/2000/svg";
+  var TYPES = ["cpu", "offcpu", "hotcold", "runqlat", "wakeup", "offwake"];
+  var VIEWS = ["flame", "icicle"];
+  var THEMES = ["", "light", "dark"];
+  var SORTS = ["self", "total", "name"];
+  // A name as the server's SVG shows it (flamegraph/svg.py escape): what XML
+  // cannot hold, control characters and U+FFFE/U+FFFF, as U+FFFD.
+  function shown(s) { return s.replace(/[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]/g, "\ufffd"); }
+  var DEFAULT_SINCE = "15m";
+  var TOP_LIMIT = 10000;      // every row the API gives (its limit)
+  var MAX_NODES = 5000;       // frames of a tree the graph asks for
+  var LOST = "^\\[(lost|truncated)"; // [lost user stack: collision], [truncated], ...
+  var FRAME_H = 17, ROW_H = 20;
+
+  // What each type shows, and the agent setting that records it.
+  var KINDS = {
+    cpu: { name: "on-CPU", setting: "agent.cpu",
+      meaning: "Where threads ran on a CPU, sampled at the agent's frequency. Width: CPU samples (time on a CPU)." },
+    offcpu: { name: "off-CPU", setting: "agent.offcpu",
+      meaning: "Where threads were blocked (sleeping, waiting for I/O, a lock or another thread), " +
+        "from switch-out to their wakeup. Width: time blocked." },
+    hotcold: { name: "on-CPU and off-CPU", setting: "agent.cpu and agent.offcpu",
+      meaning: "On-CPU (warm colours) and off-CPU (blue) time in one graph. Width: time." },
+    runqlat: { name: "run-queue latency", setting: "agent.runqlat",
+      meaning: "Where runnable threads waited for a CPU (after a wakeup, or preempted). Width: time waiting." },
+    wakeup: { name: "wakeup", setting: "agent.wakeup",
+      meaning: "The stacks of wakers, weighted by how long the threads they woke had been blocked. " +
+        "Width: blocked time that each waker ended." },
+    offwake: { name: "off-wake", setting: "agent.offwake",
+      meaning: "Blocked stacks joined with the stacks of the threads that woke them. Width: time blocked." }
+  };
+
+  function defaults() {
+    return { type: "cpu", since: DEFAULT_SINCE, from: null, to: null, matchers: [], focus: [],
+             search: "", view: "flame", theme: "", sort: "self", rev: false, tq: "",
+             baseline: "previous", baselineMatch: "", diff: false };
+  }
+  var state = defaults();
+  var lastRange = null;   // {start, end, values} of the last timeline
+  var graphData = null;   // the last tree answer drawn
+  var topData = null;     // the last top answer
+
+  // --- the view state <-> the URL ---
+  function toQuery(s) {
+    var p = new URLSearchParams();
+    p.set("type", s.type);
+    if (s.from !== null) { p.set("from", s.from); p.set("to", s.to); } else p.set("since", s.since);
+    s.matchers.forEach(function (m) { p.append("match", m); });
+    if (s.focus.length) p.set("focus", s.focus.join(";"));
+    if (s.search) p.set("search", s.search);
+    if (s.view !== "flame") p.set("view", s.view);
+    if (s.theme) p.set("theme", s.theme);
+    if (s.sort !== "self") p.set("sort", s.sort);
+    if (s.rev) p.set("rev", "1");
+    if (s.tq) p.set("tq", s.tq);
+    if (s.baseline !== "previous") p.set("baseline", s.baseline);
+    if (s.baselineMatch) p.set("baseline_match", s.baselineMatch);
+    if (s.diff) p.set("diff", "1");
+    return p.toString();
+  }
+  function fromQuery(search) {
+    var p = new URLSearchParams(search), s = defaults();
+    var pick = function (v, allowed, d) { return allowed.indexOf(v) >= 0 ? v : d; };
+    s.type = pick(p.get("type"), TYPES, s.type);
+    var since = p.get("since");
+    if (since && /^[0-9]+(s|m|h|d)$/.test(since)) s.since = since;
+    var from = p.get("from"), to = p.get("to");
+    if (from && to && /^[0-9]{1,19}$/.test(from) && /^[0-9]{1,19}$/.test(to)) { s.from = from; s.to = to; }
+    s.matchers = p.getAll("match").filter(function (m) { return m; });
+    var focus = p.get("focus");
+    s.focus = focus ? focus.split(";") : [];
+    s.search = p.get("search") || "";
+    s.view = pick(p.get("view"), VIEWS, s.view);
+    s.theme = pick(p.get("theme") || "", THEMES, s.theme);
+    s.sort = pick(p.get("sort"), SORTS, s.sort);
+    s.rev = p.get("rev") === "1";
+    s.tq = p.get("tq") || "";
+    s.baseline = pick(p.get("baseline"), ["previous", "labels"], s.baseline);
+    s.baselineMatch = p.get("baseline_match") || "";
+    s.diff = p.get("diff") === "1";
+    return s;
+  }
+  // A person's choice: a new history entry (or, while typing, the same one).
+  function go(change, replace) {
+    var next = {};
+    Object.keys(state).forEach(function (k) { next[k] = state[k]; });
+    Object.keys(change).forEach(function (k) { next[k] = change[k]; });
+    state = next;
+    var url = location.pathname + "?" + toQuery(state);
+    if (replace) history.replaceState(null, "", url);
+    else history.pushState(null, "", url);
+    render();
+  }
+  window.addEventListener("popstate", function () {
+    state = fromQuery(location.search);
+    if (!signingIn()) render(true);
+  });
 
   // --- the token, and every API request ---
   var TOKEN_KEY = "ember.token";
-  var SILENT = "ember: answer dropped"; // an error the sign-in form has dealt with
+  var SILENT = "ember: answer dropped"; // an error the sign-in form has dealt with, or an old answer
   var generation = 0; // bumped at sign-in and sign-out: older answers are dropped
   var memory = ""; // the token when the browser refuses sessionStorage
   var token = {
@@ -33,10 +137,11 @@
 
   // A GET of the API, with the token when there is one. A 401 shows the
   // sign-in form; the promise then fails with SILENT, as it does for answers
-  // to requests made before a sign-in or sign-out.
-  function api(path) {
+  // to requests made before a sign-in or sign-out, and for aborted requests.
+  function api(path, signal) {
     var t = token.get(), gen = generation;
-    var init = t ? { headers: { Authorization: "Bearer " + t } } : {};
+    var init = { signal: signal };
+    if (t) init.headers = { Authorization: "Bearer " + t };
     return fetch(path, init).then(function (r) {
       if (gen !== generation) throw new Error(SILENT);
       if (r.status === 401) {
@@ -44,14 +149,59 @@
         throw new Error(SILENT);
       }
       return r;
+    }, function (e) {
+      if (e && e.name === "AbortError") throw new Error(SILENT);
+      throw e;
     });
   }
   function json(r) {
     return r.json().then(function (j) {
-      if (!r.ok) throw new Error(j.error || r.statusText);
+      if (!r.ok) {
+        var e = new Error(j.error || r.statusText);
+        e.status = r.status;
+        throw e;
+      }
       return j;
     });
   }
+  function blob(r) {
+    if (r.ok) return r.blob();
+    return json(r);
+  }
+
+  // The slots: per view, the latest request and what it was for.
+  var slots = {};
+  function slot(name) {
+    return slots[name] || (slots[name] = { seq: 0, key: null, ctl: null });
+  }
+  // Fetch ``path`` for the view ``name`` unless it already shows (or is
+  // fetching) ``key``; resolves with the parsed answer only while it is the
+  // slot's latest request, rejects with SILENT otherwise. null: nothing to do.
+  function fetchSlot(name, key, path, parse) {
+    var s = slot(name);
+    if (s.key === key) return null;
+    if (s.ctl) s.ctl.abort();
+    var n = ++s.seq, ctl = new AbortController();
+    s.key = key; s.ctl = ctl;
+    return api(path, ctl.signal).then(parse).then(function (v) {
+      if (n !== s.seq) throw new Error(SILENT);
+      s.ctl = null;
+      return v;
+    }, function (e) {
+      if (n !== s.seq) throw new Error(SILENT);
+      s.ctl = null;
+      s.key = null; // asked again at the next render
+      throw e;
+    });
+  }
+  function dropSlots() {
+    Object.keys(slots).forEach(function (k) {
+      var s = slots[k];
+      if (s.ctl) s.ctl.abort();
+      s.seq++; s.key = null; s.ctl = null;
+    });
+  }
+
   function signingIn() { return !$("signin-box").classList.contains("hidden"); }
   function report(e) {
     if (e.message === SILENT) return;
@@ -87,46 +237,52 @@
     api("/api/v1/labels").then(function (r) {
       $("signin-box").classList.add("hidden");
       $("sign-out").classList.toggle("hidden", !token.get());
-      refresh();
+      render();
       return json(r).then(fillLabels);
     }).catch(report);
   }
   // No profile data stays on the page once it needs a token.
   function wipe() {
-    ["flame", "diff"].forEach(function (id) { shown[id]++; setBlob($(id), null); });
+    dropSlots();
+    ["flame", "diff"].forEach(function (id) { setBlob($(id), null); });
     $("diff").classList.add("hidden");
-    $("top").querySelector("tbody").innerHTML = "";
-    $("timeline").innerHTML = "";
-    $("label-name").innerHTML = $("label-value").innerHTML = "";
+    graphData = topData = lastRange = null;
+    clear($("graph")); $("graph").setAttribute("width", 0); $("graph").setAttribute("height", 0);
+    clear($("top-rows")); $("top-spacer").style.height = "0px"; $("top-count").textContent = "";
+    clear($("timeline"));
+    clear($("label-name")); clear($("label-value"));
+    $("matched").textContent = ""; $("subtitle").textContent = "";
+    $("lost-banner").classList.add("hidden");
+    message("");
+    loading(false);
     status("");
   }
+  function clear(el) { while (el.firstChild) el.removeChild(el.firstChild); }
 
   // --- graphs and downloads: fetched with the token, kept as blobs ---
-  // The graph iframes are sandboxed (scripts and the search prompt, but not
-  // this origin): the SVG's own script cannot read the token.
-  var shown = { flame: 0, diff: 0 }; // requests per frame: the latest one is shown
-  function showGraph(frame, path) {
-    var n = ++shown[frame.id];
-    api(path).then(function (r) { return r.blob(); }).then(function (blob) {
-      if (n === shown[frame.id]) setBlob(frame, blob);
-    }).catch(report);
-  }
-  function setBlob(frame, blob) {
-    var old = frame.src;
-    frame.src = blob ? URL.createObjectURL(blob) : "about:blank";
-    if (old.indexOf("blob:") === 0) URL.revokeObjectURL(old);
+  // The graph iframes (hot/cold and diff) are sandboxed (scripts and the
+  // search prompt, but not this origin): the SVG's own script cannot read
+  // the token.
+  // Replaced in place: a frame's navigation must not add an entry to the
+  // page's history (Back goes to the previous view, not the previous graph).
+  function setBlob(frame, b) {
+    var old = frame.dataset.blob || "";
+    if (!old && !b) return;
+    var next = b ? URL.createObjectURL(b) : "";
+    frame.dataset.blob = next;
+    try { frame.contentWindow.location.replace(next || "about:blank"); }
+    catch (e) { frame.src = next || "about:blank"; }
+    if (old) URL.revokeObjectURL(old);
   }
   // The links keep the API URL in href, to read or copy (for curl with the
   // header); a click fetches it with the token and saves what comes back.
   function download(e) {
     e.preventDefault();
     var link = e.currentTarget;
-    if (!link.dataset.file) return; // before the first refresh: nothing to save yet
-    api(link.getAttribute("href")).then(function (r) {
-      return r.ok ? r.blob() : json(r);
-    }).then(function (blob) {
+    if (!link.dataset.file) return; // before the first render: nothing to save yet
+    api(link.getAttribute("href")).then(blob).then(function (b) {
       var a = document.createElement("a");
-      a.href = URL.createObjectURL(blob);
+      a.href = URL.createObjectURL(b);
       a.download = link.dataset.file;
       document.body.appendChild(a);
       a.click();
@@ -135,6 +291,7 @@
     }).catch(report);
   }
 
+  // The query of the data a view shows: type, range and label matchers.
   function params(extra) {
     var p = new URLSearchParams();
     p.set("type", state.type);
@@ -144,21 +301,37 @@
     Object.keys(extra || {}).forEach(function (k) { p.set(k, extra[k]); });
     return p;
   }
-  function frameWidth(el) { return Math.max(300, el.clientWidth - 24); }
+  function dataType() { return state.type === "hotcold" ? "cpu" : state.type; }
   function status(text) { $("status").textContent = text || ""; }
-  function fmt(v, unit) {
-    if (unit === "ns") return v >= 1e9 ? (v / 1e9).toFixed(2) + " s" : (v / 1e6).toFixed(1) + " ms";
-    return String(Math.round(v));
+  function message(text) {
+    $("graph-message").textContent = text || "";
+    $("graph-message").classList.toggle("hidden", !text);
   }
+  function loading(on) { $("loading").classList.toggle("hidden", !on); }
+  function seconds(s) {
+    var a = Math.abs(s);
+    if (a === 0) return "0";
+    if (a >= 1) return s.toFixed(2) + " s";
+    if (a >= 1e-3) return (s * 1e3).toFixed(1) + " ms";
+    return (s * 1e6).toFixed(0) + " \u00b5s";
+  }
+  // A value in the unit an answer gives: "ns" (top), "microseconds" (a
+  // tree of time), anything else counts samples.
+  function fmt(v, unit) {
+    if (unit === "ns" || unit === "nanoseconds") return seconds(v / 1e9);
+    if (unit === "microseconds") return seconds(v / 1e6);
+    return Math.round(v) + (v === 1 ? " sample" : " samples");
+  }
+  function pct(v, whole) { return whole ? (100 * v / whole).toFixed(2) + "%" : "0%"; }
 
+  // --- labels and filters ---
   function fillLabels(j) {
     var sel = $("label-name");
-    sel.innerHTML = "";
+    clear(sel);
     j.labels.filter(function (n) { return n !== "__name__"; }).forEach(function (n) {
       var o = document.createElement("option"); o.value = o.textContent = n; sel.appendChild(o);
     });
-    var pick = j.labels.indexOf("comm") >= 0 ? "comm" : sel.value;
-    sel.value = pick;
+    sel.value = j.labels.indexOf("comm") >= 0 ? "comm" : sel.value;
     loadValues();
   }
   function loadValues() {
@@ -167,103 +340,435 @@
     api("/api/v1/labels/" + encodeURIComponent(name) + "/values")
       .then(json).then(function (j) {
         var sel = $("label-value");
-        sel.innerHTML = "";
+        clear(sel);
         j.values.forEach(function (v) {
           var o = document.createElement("option"); o.value = o.textContent = v; sel.appendChild(o);
         });
+        sel.size = Math.min(4, Math.max(1, j.values.length));
       }).catch(quiet);
+  }
+  function opChanged() {
+    var regex = $("label-op").value.indexOf("~") >= 0;
+    $("label-value").classList.toggle("hidden", regex);
+    $("label-regex").classList.toggle("hidden", !regex);
+  }
+  function addFilter() {
+    var name = $("label-name").value, op = $("label-op").value;
+    if (!name) return;
+    var values = op.indexOf("~") >= 0 ? [$("label-regex").value] :
+      Array.prototype.map.call($("label-value").selectedOptions, function (o) { return o.value; });
+    var add = values.map(function (v) { return name + op + v; }).filter(function (m) {
+      return state.matchers.indexOf(m) < 0;
+    });
+    if (!add.length) return;
+    go({ matchers: state.matchers.concat(add), focus: [] });
   }
   function renderFilters() {
     var box = $("filters");
-    box.innerHTML = "";
+    clear(box);
     state.matchers.forEach(function (m, i) {
-      var c = document.createElement("span");
-      c.className = "chip"; c.textContent = m + " \u00d7"; c.title = "remove";
-      c.addEventListener("click", function () { state.matchers.splice(i, 1); refresh(); });
+      var c = document.createElement("button");
+      c.className = "chip"; c.textContent = m + " \u00d7"; c.title = "remove " + m;
+      c.dataset.matcher = m;
+      c.addEventListener("click", function () {
+        go({ matchers: state.matchers.filter(function (_, j) { return j !== i; }), focus: [] });
+      });
       box.appendChild(c);
     });
   }
 
+  // --- the timeline: samples over the whole range, a brush picks a part ---
   function loadTimeline() {
-    var type = state.type === "hotcold" ? "cpu" : state.type;
-    var p = params({ type: type, buckets: 120 });
+    var p = params({ type: dataType(), buckets: 120 });
     p.delete("from"); p.delete("to"); p.set("since", state.since);
-    api("/api/v1/timeline?" + p).then(json).then(function (j) {
-      lastRange = j;
-      var svg = $("timeline"), w = 1000, h = 60, n = j.values.length;
-      var max = Math.max.apply(null, j.values.concat([1]));
-      svg.setAttribute("viewBox", "0 0 " + w + " " + h);
-      var out = "";
-      j.values.forEach(function (v, i) {
-        var bh = (v / max) * (h - 4);
-        out += '<rect class="bar" x="' + (i * w / n) + '" y="' + (h - bh) + '" width="' +
-          Math.max(1, w / n - 1) + '" height="' + bh + '"><title>' + v + "</title></rect>";
-      });
-      if (state.from !== null) {
-        var x0 = (state.from - j.start) / (j.end - j.start) * w;
-        var x1 = (state.to - j.start) / (j.end - j.start) * w;
-        out += '<rect class="sel" x="' + x0 + '" y="0" width="' + Math.max(1, x1 - x0) + '" height="' + h + '"/>';
+    var path = "/api/v1/timeline?" + p;
+    var f = fetchSlot("timeline", path, path, json);
+    if (f) f.then(function (j) { lastRange = j; drawTimeline(); }).catch(quiet);
+    else drawTimeline();
+  }
+  function drawTimeline() {
+    var svg = $("timeline"), j = lastRange;
+    clear(svg);
+    if (!j) return;
+    var w = 1000, h = 60, n = j.values.length;
+    var max = Math.max.apply(null, j.values.concat([1]));
+    svg.setAttribute("viewBox", "0 0 " + w + " " + h);
+    j.values.forEach(function (v, i) {
+      var bh = (v / max) * (h - 4);
+      var r = rect("bar", i * w / n, h - bh, Math.max(1, w / n - 1), bh);
+      var t = document.createElementNS(SVGNS, "title"); t.textContent = String(v);
+      r.appendChild(t);
+      svg.appendChild(r);
+    });
+    if (state.from !== null) {
+      var x0 = (Number(state.from) - j.start) / (j.end - j.start) * w;
+      var x1 = (Number(state.to) - j.start) / (j.end - j.start) * w;
+      svg.appendChild(rect("sel", x0, 0, Math.max(1, x1 - x0), h));
+    }
+  }
+  function rect(cls, x, y, w, h) {
+    var r = document.createElementNS(SVGNS, "rect");
+    if (cls) r.setAttribute("class", cls);
+    r.setAttribute("x", x); r.setAttribute("y", y);
+    r.setAttribute("width", w); r.setAttribute("height", h);
+    return r;
+  }
+
+  // --- the flame graph (and icicle), drawn here from the tree ---
+  function hash(name) { // FNV-1a: a stable colour per name
+    var h = 2166136261;
+    for (var i = 0; i < name.length; i++) {
+      h ^= name.charCodeAt(i);
+      h = Math.imul(h, 16777619) >>> 0;
+    }
+    return h / 4294967296;
+  }
+  function colour(name, depth) {
+    var h = hash(name);
+    if (depth === 0 || name.charAt(0) === "[") {
+      var g = Math.round(170 + 40 * h);
+      return "rgb(" + g + "," + g + "," + g + ")";
+    }
+    var t = state.type, c;
+    if (t === "offcpu" || t === "offwake") c = [80 + 60 * h, 120 + 60 * h, 200 + 55 * h];
+    else if (t === "runqlat") c = [150 + 50 * h, 100 + 40 * h, 205 + 50 * h];
+    else if (t === "wakeup") c = [60 + 50 * h, 175 + 50 * h, 90 + 40 * h];
+    else c = [205 + 50 * h, 230 * h, 55 * h];
+    return "rgb(" + c.map(Math.round).join(",") + ")";
+  }
+  function loadGraph() {
+    var hotcold = state.type === "hotcold";
+    $("graph").classList.toggle("hidden", hotcold);
+    $("flame").classList.toggle("hidden", !hotcold);
+    $("search").disabled = hotcold;
+    var f;
+    if (hotcold) { // one graph of two types: the server draws it (its own zoom and search)
+      var width = Math.max(300, $("graph-box").clientWidth - 4);
+      var svgPath = "/api/v1/flamegraph?" + params({ width: width });
+      f = fetchSlot("graph", svgPath, svgPath, blob);
+      if (!f) return;
+      loading(true);
+      f.then(function (b) {
+        loading(false); message(""); graphData = null;
+        $("matched").textContent = "";
+        setBlob($("flame"), b);
+      }).catch(graphFailed);
+      return;
+    }
+    var p = params({ max_nodes: MAX_NODES });
+    if (state.focus.length) p.set("focus", state.focus.join(";"));
+    if (state.search) p.set("search", state.search);
+    var path = "/api/v1/tree?" + p;
+    f = fetchSlot("graph", path, path, json);
+    if (!f) { drawGraph(); return; } // the same data: the view mode may have changed
+    loading(true);
+    f.then(function (j) {
+      loading(false); message(""); status("");
+      setBlob($("flame"), null);
+      graphData = j;
+      drawGraph();
+    }).catch(graphFailed);
+  }
+  function graphFailed(e) {
+    if (e.message === SILENT) return;
+    loading(false);
+    graphData = null;
+    drawGraph();
+    setBlob($("flame"), null);
+    if (e.status === 404) notCollected(e.message);
+    else { message(e.message); report(e); }
+  }
+  // No profiles matched: say why in a sentence (never raw JSON).
+  function notCollected(why) {
+    var kind = KINDS[state.type], type = state.type;
+    if (/^no frame/.test(why)) { message("The zoomed frame is not in this range: " + why + "."); return; }
+    message("No " + kind.name + " profiles match this range and these filters.");
+    var asked = ++notCollected.seq;
+    api("/api/v1/types").then(json).then(function (j) {
+      if (asked !== notCollected.seq || state.type !== type) return;
+      var need = type === "hotcold" ? ["cpu", "offcpu"] : [type];
+      var stored = need.every(function (t) { return j.types.indexOf(j.aliases[t] || t) >= 0; });
+      if (stored) {
+        message("No " + kind.name + " profiles are stored for this range" +
+          (state.matchers.length ? " and these filters" : "") +
+          ". Try a longer range" + (state.matchers.length ? " or fewer filters." : "."));
+      } else {
+        message("No " + kind.name + " profiles are stored. The agent records them when its setting " +
+          kind.setting + " is true (`ember config-reference` lists every setting).");
       }
-      svg.innerHTML = out;
     }).catch(quiet);
   }
+  notCollected.seq = 0;
 
-  function loadTop() {
-    var type = state.type === "hotcold" ? "cpu" : state.type;
-    api("/api/v1/top?" + params({ type: type, limit: 40 })).then(json).then(function (j) {
-      var body = $("top").querySelector("tbody");
-      body.innerHTML = "";
-      j.rows.forEach(function (row) {
-        var tr = document.createElement("tr");
-        [row.name, fmt(row.self, j.unit), fmt(row.total, j.unit)].forEach(function (t, i) {
-          var td = document.createElement("td"); td.textContent = t;
-          if (i === 0) td.title = t;
-          tr.appendChild(td);
-        });
-        body.appendChild(tr);
-      });
-      status("");
-    }).catch(function (e) { $("top").querySelector("tbody").innerHTML = ""; report(e); });
+  var drawn = []; // per frame index: {node, parent, depth}
+  function drawGraph() {
+    var svg = $("graph");
+    clear(svg);
+    drawn = [];
+    $("crumbs").textContent = "";
+    $("reset-zoom").classList.toggle("hidden", !state.focus.length);
+    renderCrumbs();
+    var j = graphData;
+    var totalText = $("subtitle-total");
+    if (totalText) totalText.textContent = "";
+    if (!j || state.type === "hotcold") {
+      svg.setAttribute("width", 0); svg.setAttribute("height", 0);
+      $("matched").textContent = "";
+      return;
+    }
+    var width = Math.max(300, $("graph-box").clientWidth - 2);
+    var root = j.tree, scale = root.value ? width / root.value : 0;
+    var icicle = state.view === "icicle";
+    var maxDepth = 0, items = [];
+    (function walk(node, x, depth, parent) {
+      var w = node.value * scale;
+      if (depth > 0 && w < 0.5) return;
+      var i = items.length;
+      items.push({ node: node, x: x, w: w, depth: depth, parent: parent });
+      if (depth > maxDepth) maxDepth = depth;
+      var cx = x;
+      node.children.forEach(function (c) { walk(c, cx, depth + 1, i); cx += c.value * scale; });
+    })(root, 0, 0, -1);
+    var height = (maxDepth + 1) * FRAME_H + 2;
+    svg.setAttribute("width", width); svg.setAttribute("height", height);
+    svg.setAttribute("viewBox", "0 0 " + width + " " + height);
+    svg.dataset.depth = maxDepth;
+    var rx = null;
+    if (state.search) { try { rx = new RegExp(state.search); } catch (e) { rx = null; } }
+    var frag = document.createDocumentFragment();
+    items.forEach(function (it, i) {
+      var y = icicle ? it.depth * FRAME_H : (maxDepth - it.depth) * FRAME_H;
+      var g = document.createElementNS(SVGNS, "g");
+      var name = it.depth === 0 && state.focus.length ? state.focus[state.focus.length - 1] : it.node.name;
+      var hit = rx !== null && it.depth > 0 && rx.test(name);
+      name = shown(name); // searched as stored, drawn as the server's SVG draws it
+      g.setAttribute("class", hit ? "f match" : "f");
+      g.setAttribute("data-n", name);
+      g.setAttribute("data-i", i);
+      g.setAttribute("data-d", it.depth);
+      g.setAttribute("data-v", it.node.value);
+      var r = rect("", it.x, y, Math.max(0.5, it.w - 0.5), FRAME_H - 1);
+      r.setAttribute("fill", hit ? "rgb(230,0,230)" : colour(name, it.depth));
+      g.appendChild(r);
+      var title = document.createElementNS(SVGNS, "title");
+      title.textContent = describe(it.node, name);
+      g.appendChild(title);
+      var fits = Math.floor((it.w - 6) / 7);
+      if (fits >= 3) {
+        var t = document.createElementNS(SVGNS, "text");
+        t.setAttribute("x", it.x + 3); t.setAttribute("y", y + FRAME_H - 5);
+        t.textContent = name.length <= fits ? name : name.slice(0, fits - 2) + "..";
+        g.appendChild(t);
+      }
+      drawn.push(it);
+      frag.appendChild(g);
+    });
+    svg.appendChild(frag);
+    var total = typeof j.total === "number" ? j.total : root.value;
+    if (totalText) totalText.textContent = "Total: " + fmt(total, j.unit) +
+      (state.focus.length ? "; zoomed frame: " + fmt(root.value, j.unit) + " (" + pct(root.value, total) + ")" : "") +
+      " from " + j.profiles + " profile" + (j.profiles === 1 ? "" : "s") + ".";
+    var m = $("matched");
+    if (j.matched) {
+      m.textContent = "Matched: " + (100 * j.matched.share).toFixed(2) + "% of " +
+        (state.focus.length ? "the zoomed frame" : "all") + " (" + fmt(j.matched.value, j.unit) + ")";
+      m.dataset.share = String(100 * j.matched.share);
+    } else { m.textContent = ""; delete m.dataset.share; }
+  }
+  function describe(node, name) {
+    var j = graphData, total = j.total || j.tree.value;
+    return name + " \u2014 " + fmt(node.value, j.unit) + ", " + pct(node.value, total) +
+      (node.self ? " (self " + fmt(node.self, j.unit) + ")" : "");
+  }
+  function pathOf(i) { // names from the drawn root down to frame i
+    var out = [];
+    while (i > 0) { out.push(drawn[i].node.name); i = drawn[i].parent; }
+    return out.reverse();
+  }
+  function renderCrumbs() {
+    var box = $("crumbs");
+    if (!state.focus.length) return;
+    var parts = ["all"].concat(state.focus);
+    parts.forEach(function (name, i) {
+      if (i) box.appendChild(document.createTextNode(" \u203a "));
+      var b = document.createElement("button");
+      b.className = "crumb"; b.textContent = name;
+      b.addEventListener("click", function () { go({ focus: state.focus.slice(0, i) }); });
+      box.appendChild(b);
+    });
+  }
+  (function () {
+    var svg = $("graph");
+    function frameOf(e) {
+      var g = e.target.closest ? e.target.closest("g.f") : null;
+      return g ? +g.getAttribute("data-i") : -1;
+    }
+    svg.addEventListener("click", function (e) {
+      var i = frameOf(e);
+      if (i <= 0) return; // the root: already the view
+      go({ focus: state.focus.concat(pathOf(i)) });
+    });
+    svg.addEventListener("mouseover", function (e) {
+      var i = frameOf(e);
+      if (i >= 0 && graphData) $("details").textContent = describe(drawn[i].node, e.target.closest("g.f").getAttribute("data-n"));
+    });
+    svg.addEventListener("mouseout", function () { $("details").textContent = "\u00a0"; });
+  })();
+
+  // --- the lost or truncated share ---
+  function loadBanner() {
+    var p = params({ type: dataType(), search: LOST, max_nodes: 1 });
+    var path = "/api/v1/tree?" + p;
+    var f = fetchSlot("banner", path, path, json);
+    if (!f) return;
+    f.then(function (j) {
+      var b = $("lost-banner"), share = j.matched ? j.matched.share : 0;
+      b.classList.toggle("hidden", !(share > 0));
+      b.dataset.share = String(100 * share);
+      b.textContent = (100 * share).toFixed(2) + "% of this " + KINDS[dataType()].name +
+        " profile comes from stacks that were lost or cut short: frames named [lost \u2026 stack: \u2026]" +
+        " (the stack could not be read, e.g. a collision in the kernel's stack map) or [truncated]" +
+        " (deeper than the walk's limit). Their callers are unknown.";
+    }).catch(function (e) {
+      if (e.message !== SILENT) $("lost-banner").classList.add("hidden");
+    });
   }
 
-  function refresh() {
+  // --- the top table: every row, only the visible ones in the document ---
+  function loadTop() {
+    var sort = state.sort === "name" ? "self" : state.sort;
+    var path = "/api/v1/top?" + params({ type: dataType(), sort: sort, limit: TOP_LIMIT });
+    var f = fetchSlot("top", path, path, json);
+    if (!f) { drawTop(); return; }
+    f.then(function (j) { topData = j; drawTop(); }).catch(function (e) {
+      if (e.message === SILENT) return;
+      topData = null; drawTop();
+    });
+  }
+  var topRows = [];
+  function drawTop() {
+    Array.prototype.forEach.call(document.querySelectorAll("#top .head button"), function (b) {
+      var on = b.dataset.sort === state.sort;
+      var arrow = on ? ((b.dataset.sort === "name") !== state.rev ? " \u25b2" : " \u25bc") : "";
+      b.textContent = { name: "function", self: "self", total: "total" }[b.dataset.sort] + arrow;
+      b.classList.toggle("on", on);
+    });
+    if (!topData) { topRows = []; $("top-count").textContent = ""; drawRows(true); return; }
+    var q = state.tq.toLowerCase();
+    var rows = q ? topData.rows.filter(function (r) { return r.name.toLowerCase().indexOf(q) >= 0; })
+      : topData.rows.slice();
+    if (state.sort === "name") {
+      rows.sort(function (a, b) { return a.name < b.name ? -1 : a.name > b.name ? 1 : 0; });
+    }
+    if (state.rev) rows.reverse();
+    topRows = rows;
+    $("top-count").textContent = q ? rows.length + " of " + topData.rows.length : String(rows.length);
+    $("top-spacer").style.height = rows.length * ROW_H + "px";
+    drawRows(true);
+  }
+  var rowsShown = null;
+  function drawRows(force) {
+    var box = $("top-scroll"), body = $("top-rows");
+    var first = Math.max(0, Math.floor(box.scrollTop / ROW_H) - 5);
+    var last = Math.min(topRows.length, first + Math.ceil(box.clientHeight / ROW_H) + 10);
+    var key = first + ":" + last;
+    if (!force && key === rowsShown) return;
+    rowsShown = key;
+    clear(body);
+    body.style.top = first * ROW_H + "px";
+    var unit = topData ? topData.unit : "", total = topData ? topData.total : 0;
+    for (var i = first; i < last; i++) {
+      var row = topRows[i], div = document.createElement("div");
+      div.className = "row";
+      div.setAttribute("role", "row");
+      div.dataset.index = i;
+      [shown(row.name), fmt(row.self, unit), fmt(row.total, unit)].forEach(function (t, k) {
+        var s = document.createElement("span");
+        s.className = k ? "num" : "name";
+        s.textContent = t;
+        s.title = k ? pct(k === 1 ? row.self : row.total, total) : shown(row.name);
+        div.appendChild(s);
+      });
+      body.appendChild(div);
+    }
+  }
+  function escapeRegex(s) { return s.replace(/[.*+?^${}()|[\]\\]/g, "\\$&"); }
+
+  // --- compare ---
+  function loadDiff() {
+    var f = $("diff");
+    f.classList.toggle("hidden", !state.diff);
+    $("hide-diff").classList.toggle("hidden", !state.diff);
+    if (!state.diff) { slot("diff").key = null; setBlob(f, null); return; }
+    var key = JSON.stringify([params().toString(), state.baseline, state.baselineMatch]);
+    var p = new URLSearchParams();
+    p.set("type", dataType());
+    var now = Date.now() * 1e6;
+    var end = state.from !== null ? Number(state.to) : now;
+    var start = state.from !== null ? Number(state.from) : now - sinceNs();
+    p.set("b_from", Math.round(start)); p.set("b_to", Math.round(end));
+    state.matchers.forEach(function (m) { p.append("b_match", m); });
+    if (state.baseline === "previous") {
+      p.set("a_from", Math.round(start - (end - start))); p.set("a_to", Math.round(start));
+      state.matchers.forEach(function (m) { p.append("a_match", m); });
+    } else {
+      p.set("a_from", Math.round(start)); p.set("a_to", Math.round(end));
+      if (state.baselineMatch) p.append("a_match", state.baselineMatch);
+    }
+    p.set("width", Math.max(300, f.clientWidth - 24 || 1200));
+    var req = fetchSlot("diff", key, "/api/v1/diff?" + p, blob);
+    if (req) req.then(function (b) { setBlob(f, b); }).catch(report);
+  }
+  function sinceNs() {
+    var m = /^([0-9]+)(s|m|h|d)$/.exec(state.since);
+    return m ? Number(m[1]) * { s: 1, m: 60, h: 3600, d: 86400 }[m[2]] * 1e9 : 3600e9;
+  }
+
+  // --- one view from the state ---
+  function applyTheme() {
+    if (state.theme) document.documentElement.setAttribute("data-theme", state.theme);
+    else document.documentElement.removeAttribute("data-theme");
+  }
+  // ``all``: the fields a person may be typing in too (Back, Forward).
+  function syncControls(all) {
+    var typing = function (id) { return !all && document.activeElement === $(id); };
+    $("type").value = state.type;
+    var since = $("since");
+    if (!Array.prototype.some.call(since.options, function (o) { return o.value === state.since; })) {
+      var o = document.createElement("option"); o.value = o.textContent = state.since; since.appendChild(o);
+    }
+    since.value = state.since;
+    $("view").value = state.view;
+    $("theme").value = state.theme;
+    if (!typing("search")) $("search").value = state.search;
+    if (!typing("top-filter")) $("top-filter").value = state.tq;
+    $("baseline").value = state.baseline;
+    if (!typing("baseline-match")) $("baseline-match").value = state.baselineMatch;
+    var kind = KINDS[state.type];
+    var sub = $("subtitle");
+    clear(sub);
+    var b = document.createElement("b"); b.textContent = kind.name.charAt(0).toUpperCase() + kind.name.slice(1) + ": ";
+    sub.appendChild(b);
+    sub.appendChild(document.createTextNode(kind.meaning + " "));
+    var tot = document.createElement("span"); tot.id = "subtitle-total"; sub.appendChild(tot);
+  }
+  function render(all) {
+    applyTheme();
+    syncControls(all === true);
     renderFilters();
-    showGraph($("flame"), "/api/v1/flamegraph?" + params({ width: frameWidth($("flame")) }));
-    var dl = state.type === "hotcold" ? "cpu" : state.type;
+    var dl = dataType();
     $("download-pprof").href = "/api/v1/profile?" + params({ type: dl, format: "pprof" });
     $("download-pprof").dataset.file = "ember-" + dl + ".pb.gz";
     $("download-folded").href = "/api/v1/profile?" + params({ type: dl, format: "folded" });
     $("download-folded").dataset.file = "ember-" + dl + ".folded";
     $("range-text").textContent = state.from === null ? "last " + state.since :
-      new Date(state.from / 1e6).toLocaleTimeString() + " \u2013 " +
-      new Date(state.to / 1e6).toLocaleTimeString();
-    loadTimeline();
+      new Date(Number(state.from) / 1e6).toLocaleTimeString() + " \u2013 " +
+      new Date(Number(state.to) / 1e6).toLocaleTimeString();
+    loadGraph();
+    loadBanner();
     loadTop();
-  }
-
-  function compare() {
-    var p = new URLSearchParams();
-    p.set("type", state.type === "hotcold" ? "cpu" : state.type);
-    var now = Date.now() * 1e6;
-    var end = state.from !== null ? state.to : now;
-    var start = state.from !== null ? state.from : now - lastRangeLength();
-    p.set("b_from", start); p.set("b_to", end);
-    state.matchers.forEach(function (m) { p.append("b_match", m); });
-    if ($("baseline").value === "previous") {
-      p.set("a_from", start - (end - start)); p.set("a_to", start);
-      state.matchers.forEach(function (m) { p.append("a_match", m); });
-    } else {
-      p.set("a_from", start); p.set("a_to", end);
-      var m = $("baseline-match").value.trim();
-      if (m) p.append("a_match", m);
-    }
-    var f = $("diff");
-    f.classList.remove("hidden");
-    p.set("width", frameWidth(f));
-    showGraph(f, "/api/v1/diff?" + p);
-  }
-  function lastRangeLength() {
-    return lastRange ? lastRange.end - lastRange.start : 3600e9;
+    loadTimeline();
+    loadDiff();
   }
 
   // timeline brushing
@@ -280,28 +785,70 @@
       downX = null;
       if (b - a < 0.005) return;
       var span = lastRange.end - lastRange.start;
-      state.from = Math.round(lastRange.start + a * span);
-      state.to = Math.round(lastRange.start + b * span);
-      refresh();
+      go({ from: String(Math.round(lastRange.start + a * span)),
+           to: String(Math.round(lastRange.start + b * span)) });
     });
   })();
 
-  $("type").addEventListener("change", function () { state.type = this.value; refresh(); });
+  $("type").addEventListener("change", function () { go({ type: this.value, focus: [] }); });
   $("since").addEventListener("change", function () {
-    state.since = this.value; state.from = state.to = null; refresh();
+    go({ since: this.value, from: null, to: null });
   });
+  $("view").addEventListener("change", function () { go({ view: this.value }); });
+  $("theme").addEventListener("change", function () { go({ theme: this.value }); });
   $("label-name").addEventListener("change", loadValues);
-  $("add-filter").addEventListener("click", function () {
-    var m = $("label-name").value + "=" + $("label-value").value;
-    if ($("label-name").value && state.matchers.indexOf(m) < 0) state.matchers.push(m);
-    refresh();
+  $("label-op").addEventListener("change", opChanged);
+  $("add-filter").addEventListener("click", addFilter);
+  $("label-regex").addEventListener("keydown", function (e) { if (e.key === "Enter") addFilter(); });
+  $("whole-range").addEventListener("click", function () { go({ from: null, to: null }); });
+  $("reset-zoom").addEventListener("click", function () { go({ focus: [] }); });
+  $("search").addEventListener("keydown", function (e) {
+    if (e.key === "Enter") go({ search: this.value.trim() });
+    else if (e.key === "Escape") { this.value = ""; go({ search: "" }); }
   });
-  $("whole-range").addEventListener("click", function () { state.from = state.to = null; refresh(); });
-  $("compare").addEventListener("click", compare);
+  $("search").addEventListener("search", function () { // the field's own clear button
+    if (!this.value && state.search) go({ search: "" });
+  });
+  var typing = null;
+  $("top-filter").addEventListener("input", function () {
+    var v = this.value;
+    clearTimeout(typing);
+    // the first keystroke of a filter is a new history entry, the rest amend it
+    var replace = state.tq !== "";
+    typing = setTimeout(function () { go({ tq: v }, replace && v !== ""); }, 150);
+  });
+  Array.prototype.forEach.call(document.querySelectorAll("#top .head button"), function (b) {
+    b.addEventListener("click", function () {
+      var s = b.dataset.sort;
+      go(s === state.sort ? { rev: !state.rev } : { sort: s, rev: false });
+    });
+  });
+  $("top-scroll").addEventListener("scroll", function () { drawRows(false); });
+  $("top-rows").addEventListener("click", function (e) {
+    var row = e.target.closest(".row");
+    if (row && topRows[+row.dataset.index]) {
+      go({ search: "^" + escapeRegex(topRows[+row.dataset.index].name) + "$" });
+    }
+  });
+  $("compare").addEventListener("click", function () {
+    slot("diff").key = null; // asked again, even for the same view: "now" moved on
+    go({ diff: true, baseline: $("baseline").value, baselineMatch: $("baseline-match").value.trim() });
+  });
+  $("hide-diff").addEventListener("click", function () { go({ diff: false }); });
+  $("reload").addEventListener("click", function () { dropSlots(); render(); });
   $("download-pprof").addEventListener("click", download);
   $("download-folded").addEventListener("click", download);
   $("signin").addEventListener("submit", signIn);
   $("sign-out").addEventListener("click", function () { askToken("Signed out."); });
-  window.ember = { state: state, refresh: refresh };
+  var resizing = null;
+  window.addEventListener("resize", function () {
+    clearTimeout(resizing);
+    resizing = setTimeout(function () { drawGraph(); drawRows(true); }, 100);
+  });
+
+  window.ember = { get state() { return state; }, go: go, render: render };
+  state = fromQuery(location.search);
+  history.replaceState(null, "", location.pathname + "?" + toQuery(state));
+  applyTheme();
   enter();
 })();

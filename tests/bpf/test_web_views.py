@@ -1,0 +1,609 @@
+"""The web UI's views in a real browser (Debian's chromium driven by
+Playwright), against ONE collector a real agent filled from compiled
+workloads (a module-scoped fixture; the agent stops before the checks, so
+what the page shows and what the API answers are the same numbers).
+
+Every check compares what the page shows with what the API answers, or with
+numbers computed from the folded output: the view state in the URL (a new
+page, Back and Forward), the top table (every row, sorted, filtered), label
+filters with all four operators, the lost/truncated banner, a type that was
+not collected, dark mode, deep stacks, icicle, subtitles, and a late answer
+that must not overwrite a newer view."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import pytest
+
+from ember import config
+from ember.collector.server import Collector
+from ember.config import AgentConfig, CollectorConfig, Targets
+from tests.support.agent import running_agent
+from tests.support.browser import BROWSER_ARGS, CHROMIUM, DRAWN_MS, colours
+from tests.support.net import free_port
+
+pytestmark = [pytest.mark.bpf,
+              pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="chromium not installed")]
+DOCS_IMAGES = Path(__file__).resolve().parents[2] / "docs" / "images"
+SINCE = "15m"  # the page's default range
+LOST = r"^\[(lost|truncated)"
+WORKLOADS = (("cpu_shares",), ("offcpu_waits",), ("nofp_chain", "deep"))
+# Many distinct native functions (the interpreter's), for a top table longer
+# than its box.
+BUSY_PYTHON = """
+import decimal, fractions, hashlib, json, random, re, time, zlib
+end = time.time() + 600
+d = {"a": [1, 2.5, "x" * 50, None, True], "b": {"c": list(range(50))}}
+while time.time() < end:
+    s = json.dumps(d)
+    json.loads(s)
+    re.findall(r"[a-z]+[0-9]", s * 3)
+    hashlib.sha256(s.encode()).hexdigest()
+    zlib.decompress(zlib.compress(s.encode()))
+    sorted(random.random() for _ in range(200))
+    decimal.Decimal(1) / decimal.Decimal(7)
+    fractions.Fraction(3, 7) ** 3
+    "-".join(str(i) for i in range(100)).split("-")
+    time.sleep(0.002)
+"""
+
+
+@dataclass
+class Views:
+    collector: Collector
+    url: str
+    browser: Any
+    shots: Path
+
+
+def _has_data(c: Collector) -> bool:
+    def ok(kind: str, comm: str) -> bool:
+        code = c.api.handle("/api/v1/top", {"type": [kind], "match": [f"comm={comm}"],
+                                            "since": [SINCE]})[0]
+        return bool(code == 200)
+    return ok("cpu", "cpu_shares") and ok("cpu", "nofp_chain") and ok("offcpu", "offcpu_waits")
+
+
+@pytest.fixture(scope="module")
+def views(fixture_bin: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Views]:
+    """A collector a real agent filled for a few seconds (then stopped), and
+    a browser: shared by every test of the module."""
+    playwright = pytest.importorskip("playwright.sync_api")
+    tmp = tmp_path_factory.mktemp("views")
+    procs = [subprocess.Popen([str(fixture_bin / name), "600", *args], stdout=subprocess.PIPE,
+                              text=True) for name, *args in WORKLOADS]
+    port = free_port()
+    c = Collector(CollectorConfig(grpc_listen=f"127.0.0.1:{port}", http_listen="127.0.0.1:0",
+                                  storage=str(tmp / "db.sqlite")))
+    c.start()
+    try:
+        pids = []
+        for p in procs:
+            line = p.stdout.readline() if p.stdout else ""
+            assert line.startswith("ready "), line
+            pids.append(int(line.split()[1]))
+        procs.append(subprocess.Popen([sys.executable, "-c", BUSY_PYTHON]))
+        pids.append(procs[-1].pid)
+        cfg = config.override(AgentConfig(), collector=f"127.0.0.1:{port}", interval=1.0,
+                              frequency=199, metrics_listen="127.0.0.1:0",
+                              spool_dir=str(tmp / "spool"), targets=Targets(pids=tuple(pids)))
+        with running_agent(cfg):
+            deadline = time.monotonic() + 90  # a loaded machine attaches and ships late
+            while not _has_data(c) and time.monotonic() < deadline:
+                time.sleep(0.5)
+            time.sleep(4)  # a few more profiles of each
+        for p in procs:
+            p.kill()
+        assert _has_data(c)
+        with playwright.sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=CHROMIUM, args=BROWSER_ARGS)
+            yield Views(c, f"http://127.0.0.1:{c.http_port}/", browser, tmp)
+            browser.close()
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+        c.close()
+
+
+# --- helpers ---
+
+def api(c: Collector, path: str, **params: str | list[str]) -> Any:
+    """The API's JSON answer, asked in-process as the page asks over HTTP."""
+    q = {k: v if isinstance(v, list) else [v] for k, v in params.items()}
+    q.setdefault("since", [SINCE])
+    code, body, _ = c.api.handle(path, q)
+    assert code == 200, body
+    return json.loads(body)
+
+
+def folded_share(c: Collector, pattern: str, **params: str | list[str]) -> float:
+    """The share (percent) of the folded output's value under a frame that
+    matches ``pattern``, computed here from the lines."""
+    q = {k: v if isinstance(v, list) else [v] for k, v in params.items()}
+    q.setdefault("since", [SINCE])
+    code, body, _ = c.api.handle("/api/v1/profile", {**q, "format": ["folded"]})
+    assert code == 200, body
+    rx = re.compile(pattern)
+    hit = whole = 0
+    for line in body.decode().splitlines():
+        stack, _, value = line.rpartition(" ")
+        whole += int(value)
+        if any(rx.search(f) for f in stack.split(";")):
+            hit += int(value)
+    return 100 * hit / whole
+
+
+def seconds(s: float) -> str:
+    """app.js's seconds()."""
+    if s == 0:
+        return "0"
+    if abs(s) >= 1:
+        return f"{s:.2f} s"
+    if abs(s) >= 1e-3:
+        return f"{s * 1e3:.1f} ms"
+    return f"{s * 1e6:.0f} \u00b5s"
+
+
+def open_page(v: Views, query: str = "", **context: Any) -> Any:
+    ctx = v.browser.new_context(viewport={"width": 1500, "height": 1000}, **context)
+    page = ctx.new_page()
+    page.goto(v.url + query)
+    return page
+
+
+def drawn(page: Any, name: str = "") -> None:
+    """Wait until the graph shows (a frame named ``name``) and nothing loads."""
+    if name:
+        page.locator(f"#graph g.f[data-n='{name}']").first.wait_for(timeout=DRAWN_MS)
+    page.wait_for_function(
+        "document.querySelectorAll('#graph g.f').length > 0"
+        " && document.getElementById('loading').classList.contains('hidden')",
+        timeout=DRAWN_MS)
+
+
+def names_at(page: Any, depth: int) -> set[str]:
+    return set(page.eval_on_selector_all(
+        f"#graph g.f[data-d='{depth}']", "gs => gs.map(g => g.getAttribute('data-n'))"))
+
+
+def root_value(page: Any) -> int:
+    return int(page.get_attribute("#graph g.f[data-d='0']", "data-v") or -1)
+
+
+def shown_rows(page: Any) -> list[str]:
+    return list(page.eval_on_selector_all("#top-rows .row .name", "s => s.map(x => x.textContent)"))
+
+
+def wait_rows(page: Any, first: str) -> None:
+    page.wait_for_function(
+        "f => { const r = document.querySelector('#top-rows .row .name');"
+        " return r !== null && r.textContent === f; }", arg=first, timeout=DRAWN_MS)
+
+
+def save(v: Views, page: Any, name: str, **kw: Any) -> None:
+    """A screenshot for the docs (docs/images/ui-NAME.png), kept with the run's."""
+    path = v.shots / f"ui-{name}.png"
+    page.screenshot(path=str(path), **kw)
+    DOCS_IMAGES.mkdir(parents=True, exist_ok=True)
+    shutil.copy(path, DOCS_IMAGES / path.name)
+
+
+# --- the tests ---
+
+def test_opens_on_15_minutes_with_the_range_and_type_in_the_url(views: Views) -> None:
+    page = open_page(views)
+    drawn(page, "work_b")
+    assert page.input_value("#since") == "15m"
+    assert "type=cpu" in page.url and "since=15m" in page.url
+    whole = api(views.collector, "/api/v1/tree", type="cpu", max_nodes="1")
+    assert root_value(page) == whole["total"]
+    # the subtitle: what on-CPU means, and the total in samples
+    sub = page.inner_text("#subtitle")
+    assert "On-CPU" in sub and f"Total: {whole['total']} samples" in sub, sub
+    save(views, page, "flamegraph", full_page=True)
+    page.context.close()
+
+
+def test_url_restores_the_view_and_back_forward_walk_through_views(views: Views) -> None:
+    c = views.collector
+    page = open_page(views)
+    drawn(page, "work_b")
+    page.select_option("#type", "offcpu")
+    drawn(page, "wait_sleep")
+    page.select_option("#label-name", "comm")
+    page.wait_for_function("document.querySelectorAll('#label-value option').length >= 2")
+    page.select_option("#label-value", ["offcpu_waits"])
+    page.click("#add-filter")
+    page.wait_for_function("document.querySelectorAll('#filters .chip').length === 1")
+    page.fill("#search", "^wait_")
+    page.press("#search", "Enter")
+    page.wait_for_function("document.getElementById('matched').dataset.share !== undefined")
+    page.select_option("#view", "icicle")
+    page.select_option("#theme", "dark")
+    url = page.url
+    assert matchers_in(url) == ["comm=offcpu_waits"] and "view=icicle" in url
+    assert "theme=dark" in url
+
+    # the copied URL, in a new page: the same view
+    other = open_page(views, url[len(views.url):])
+    drawn(other, "wait_sleep")
+    assert other.input_value("#type") == "offcpu"
+    assert other.inner_text("#filters") == page.inner_text("#filters")
+    assert "comm=offcpu_waits" in other.inner_text("#filters")
+    assert other.input_value("#search") == "^wait_"
+    assert other.input_value("#view") == "icicle"
+    assert other.get_attribute("html", "data-theme") == "dark"
+    want = api(c, "/api/v1/tree", type="offcpu", match="comm=offcpu_waits", search="^wait_",
+               max_nodes="1")
+    share = float(other.get_attribute("#matched", "data-share") or -1)
+    assert abs(share - 100 * want["matched"]["share"]) < 0.01
+    assert root_value(other) == want["total"]
+    other.context.close()
+
+    # Back: each step undoes one choice; Forward redoes it
+    page.go_back()
+    page.wait_for_function("!document.documentElement.hasAttribute('data-theme')")
+    page.go_back()
+    page.wait_for_function("document.getElementById('view').value === 'flame'")
+    page.go_back()
+    page.wait_for_function("document.getElementById('search').value === ''")
+    page.go_back()
+    page.wait_for_function("document.querySelectorAll('#filters .chip').length === 0")
+    assert "match=" not in page.url
+    page.go_back()
+    page.wait_for_function("document.getElementById('type').value === 'cpu'")
+    drawn(page, "work_b")
+    assert root_value(page) == api(c, "/api/v1/tree", type="cpu", max_nodes="1")["total"]
+    page.go_forward()
+    page.wait_for_function("document.getElementById('type').value === 'offcpu'")
+    drawn(page, "wait_sleep")
+    page.context.close()
+
+
+def test_zoom_is_in_the_url_and_fetches_the_subtree(views: Views) -> None:
+    c = views.collector
+    page = open_page(views)
+    drawn(page, "work_b")
+    rects = page.locator("#graph g.f[data-n='work_b'] rect")
+    widths = [float(rects.nth(i).get_attribute("width") or 0) for i in range(rects.count())]
+    rects.nth(widths.index(max(widths))).click()
+    page.locator("#graph g.f[data-d='0'][data-n='work_b']").wait_for(timeout=DRAWN_MS)
+    drawn(page)
+    focus = re.search(r"focus=([^&]+)", page.url)
+    assert focus, page.url
+    path = page.evaluate("window.ember.state.focus")
+    assert path[-1] == "work_b"
+    sub = api(c, "/api/v1/tree", type="cpu", focus=";".join(path), max_nodes="5000")
+    assert sub["focus"] == path and root_value(page) == sub["tree"]["value"]
+    # the zoomed frame fills the width; its children are the subtree's
+    width = float(page.get_attribute("#graph", "width") or 0)
+    root_w = float(page.get_attribute("#graph g.f[data-d='0'] rect", "width") or 0)
+    assert abs(root_w - width) < 1
+    assert {ch["name"] for ch in sub["tree"]["children"]
+            if ch["value"] / sub["tree"]["value"] * width >= 0.5} == names_at(page, 1)
+    assert page.locator("#reset-zoom").is_visible()
+    # a new page with the URL: the same zoom
+    other = open_page(views, page.url[len(views.url):])
+    other.locator("#graph g.f[data-d='0'][data-n='work_b']").wait_for(timeout=DRAWN_MS)
+    assert root_value(other) == sub["tree"]["value"]
+    other.context.close()
+    # Back: the whole graph again
+    page.go_back()
+    page.locator("#graph g.f[data-d='0'][data-n='all']").wait_for(timeout=DRAWN_MS)
+    assert "focus=" not in page.url
+    page.context.close()
+
+
+def test_search_share_is_the_whole_profiles(views: Views) -> None:
+    c = views.collector
+    pattern = "^work_[ab]$"
+    page = open_page(views)
+    drawn(page, "work_b")
+    page.fill("#search", pattern)
+    page.press("#search", "Enter")
+    page.wait_for_function("document.getElementById('matched').dataset.share !== undefined",
+                           timeout=DRAWN_MS)
+    share = float(page.get_attribute("#matched", "data-share") or -1)
+    want = api(c, "/api/v1/tree", type="cpu", search=pattern, max_nodes="1")["matched"]["share"]
+    assert abs(share - 100 * want) < 0.01
+    computed = folded_share(c, pattern, type="cpu")
+    assert abs(share - computed) < 0.1, (share, computed)
+    assert f"{share:.2f}%" in page.inner_text("#matched")
+    # matching frames are highlighted, the others not
+    hits = page.eval_on_selector_all("#graph g.f.match", "gs => gs.map(g => g.dataset.n)")
+    assert hits and set(hits) <= {"work_a", "work_b"}
+    save(views, page, "search", full_page=True)
+    page.context.close()
+
+
+def test_a_late_answer_does_not_overwrite_a_newer_view(views: Views) -> None:
+    page = open_page(views)
+    drawn(page, "work_b")
+    held: list[Any] = []
+
+    def hold(route: Any) -> None:
+        held.append(route)  # answered only after the newer view is drawn
+
+    page.route(re.compile(r".*/api/v1/tree\?.*type=offcpu.*max_nodes=5000.*"), hold)
+    page.select_option("#type", "offcpu")
+    page.wait_for_function("document.getElementById('loading').offsetParent !== null")
+    deadline = time.monotonic() + 30
+    while not held and time.monotonic() < deadline:
+        page.wait_for_timeout(100)
+    assert held, "the off-CPU graph was never asked for"
+    page.select_option("#type", "cpu")
+    drawn(page, "work_b")
+    # now the older answer arrives: the real off-CPU tree
+    code, body, _ = views.collector.api.handle(
+        "/api/v1/tree", {"type": ["offcpu"], "since": [SINCE], "max_nodes": ["5000"]})
+    assert code == 200
+    with contextlib.suppress(Exception):  # the page aborted it: dropped all the same
+        held[0].fulfill(status=200, body=body, content_type="application/json")
+    page.wait_for_timeout(2000)
+    assert page.input_value("#type") == "cpu"
+    off = json.loads(body)
+    cpu = api(views.collector, "/api/v1/tree", type="cpu", max_nodes="1")
+    assert off["total"] != cpu["total"]
+    assert root_value(page) == cpu["total"]  # samples, not the off-CPU microseconds
+    assert page.locator("#graph g.f[data-n='work_b']").count() > 0
+    assert f"Total: {cpu['total']} samples" in page.inner_text("#subtitle")
+    page.context.close()
+
+
+def test_top_table_every_row_sorted_by_self_total_and_name_and_filtered(views: Views) -> None:
+    c = views.collector
+    by_self = api(c, "/api/v1/top", type="cpu", sort="self", limit="10000")
+    by_total = api(c, "/api/v1/top", type="cpu", sort="total", limit="10000")
+    n = len(by_self["rows"])
+    assert n > 40, n  # more than fit: the table is virtualised
+    page = open_page(views)
+    drawn(page, "work_b")
+    page.wait_for_function(f"document.getElementById('top-count').textContent === '{n}'",
+                           timeout=DRAWN_MS)
+    shown = shown_rows(page)
+    assert 10 <= len(shown) < n  # only the visible rows (and a few more) are in the document
+    assert shown == [r["name"] for r in by_self["rows"][:len(shown)]]
+    first = page.locator("#top-rows .row").first.locator("span")
+    assert first.nth(1).inner_text() == seconds(by_self["rows"][0]["self"] / 1e9)
+    assert first.nth(2).inner_text() == seconds(by_self["rows"][0]["total"] / 1e9)
+    spacer = page.evaluate("document.getElementById('top-spacer').offsetHeight")
+    assert spacer == 20 * n
+
+    # by total: the API's order, to the last row
+    page.click("#top .head button[data-sort='total']")
+    assert "sort=total" in page.url
+    wait_rows(page, by_total["rows"][0]["name"])
+    shown = shown_rows(page)
+    assert shown == [r["name"] for r in by_total["rows"][:len(shown)]]
+    page.eval_on_selector("#top-scroll", "e => { e.scrollTop = e.scrollHeight; }")
+    page.wait_for_function(
+        "t => { const r = document.querySelectorAll('#top-rows .row .name');"
+        " return r.length > 0 && r[r.length - 1].textContent === t; }",
+        arg=by_total["rows"][-1]["name"], timeout=DRAWN_MS)
+    assert page.locator("#top-rows .row").count() < n
+    bottom = shown_rows(page)
+    assert bottom == [r["name"] for r in by_total["rows"][n - len(bottom):]]
+    page.eval_on_selector("#top-scroll", "e => { e.scrollTop = 0; }")
+
+    # by name, then reversed
+    names = sorted(r["name"] for r in by_self["rows"])
+    page.click("#top .head button[data-sort='name']")
+    wait_rows(page, names[0])
+    shown = shown_rows(page)
+    assert shown == names[:len(shown)]
+    page.click("#top .head button[data-sort='name']")
+    wait_rows(page, names[-1])
+    assert "sort=name" in page.url and "rev=1" in page.url
+
+    # the search box keeps the rows with the text, in the same order
+    page.click("#top .head button[data-sort='total']")
+    wait_rows(page, by_total["rows"][0]["name"])
+    page.fill("#top-filter", "spin")
+    want = [r["name"] for r in by_total["rows"] if "spin" in r["name"].lower()]
+    page.wait_for_function(
+        f"document.getElementById('top-count').textContent === '{len(want)} of {n}'",
+        timeout=DRAWN_MS)
+    assert shown_rows(page) == want[:len(shown_rows(page))]
+    page.wait_for_function("location.search.includes('tq=spin')")
+    page.fill("#top-filter", "")
+    page.wait_for_function(f"document.getElementById('top-count').textContent === '{n}'")
+    page.locator("aside").screenshot(path=str(views.shots / "ui-top-table.png"))
+    DOCS_IMAGES.mkdir(parents=True, exist_ok=True)
+    shutil.copy(views.shots / "ui-top-table.png", DOCS_IMAGES / "ui-top-table.png")
+    page.context.close()
+
+
+def _add(page: Any, op: str, values: list[str] | None = None, regex: str = "") -> None:
+    chips = page.locator("#filters .chip").count()
+    page.select_option("#label-name", "comm")
+    page.wait_for_function("document.querySelectorAll('#label-value option').length >= 3")
+    page.select_option("#label-op", op)
+    if values is not None:
+        page.select_option("#label-value", values)
+    else:
+        page.fill("#label-regex", regex)
+    page.click("#add-filter")
+    page.wait_for_function(f"document.querySelectorAll('#filters .chip').length > {chips}")
+
+
+def _check(page: Any, c: Collector, matchers: list[str]) -> set[str]:
+    """The graph shows the API's total for these matchers; the threads drawn."""
+    want = api(c, "/api/v1/tree", type="cpu", match=matchers, max_nodes="1")["total"]
+    page.wait_for_function(
+        "v => { const g = document.querySelector(\"#graph g.f[data-d='0']\");"
+        " return g !== null && +g.dataset.v === v"
+        " && document.getElementById('loading').classList.contains('hidden'); }",
+        arg=want, timeout=DRAWN_MS)
+    assert sorted(page.evaluate("window.ember.state.matchers")) == sorted(matchers)
+    return names_at(page, 1)
+
+
+def matchers_in(url: str) -> list[str]:
+    return parse_qs(urlsplit(url).query).get("match", [])
+
+
+def _remove_all(page: Any) -> None:
+    while page.locator("#filters .chip").count():
+        n = page.locator("#filters .chip").count()
+        page.locator("#filters .chip").first.click()
+        page.wait_for_function(f"document.querySelectorAll('#filters .chip').length < {n}")
+
+
+def test_label_filters_with_four_operators_and_several_values(views: Views) -> None:
+    c = views.collector
+    page = open_page(views)
+    drawn(page, "work_b")
+    # = with two values: either of them
+    _add(page, "=", ["cpu_shares", "nofp_chain"])
+    assert page.inner_text("#filters").count("\u00d7") == 2
+    threads = _check(page, c, ["comm=cpu_shares", "comm=nofp_chain"])
+    assert threads <= {"cpu_shares", "nofp_chain"} and "cpu_shares" in threads
+    assert matchers_in(page.url) == ["comm=cpu_shares", "comm=nofp_chain"]
+    save(views, page, "filters")
+    # a chip removed: the other stays
+    page.locator("#filters .chip[data-matcher='comm=nofp_chain']").click()
+    threads = _check(page, c, ["comm=cpu_shares"])
+    assert "nofp_chain" not in threads
+    _remove_all(page)
+    # !=
+    _add(page, "!=", ["nofp_chain"])
+    threads = _check(page, c, ["comm!=nofp_chain"])
+    assert "nofp_chain" not in threads and "cpu_shares" in threads
+    _remove_all(page)
+    # =~ (anchored)
+    _add(page, "=~", regex="cpu.*")
+    threads = _check(page, c, ["comm=~cpu.*"])
+    assert "nofp_chain" not in threads and "cpu_shares" in threads
+    assert matchers_in(page.url) == ["comm=~cpu.*"]
+    # and !~ with it: every matcher holds
+    _add(page, "!~", regex="cpu_s.*")
+    assert "=~" in page.inner_text("#filters") and "!~" in page.inner_text("#filters")
+    page.wait_for_function("document.getElementById('graph-message').textContent.startsWith('No ')",
+                           timeout=DRAWN_MS)
+    page.locator("#filters .chip[data-matcher='comm=~cpu.*']").click()
+    threads = _check(page, c, ["comm!~cpu_s.*"])
+    assert "cpu_shares" not in threads and "nofp_chain" in threads
+    page.context.close()
+
+
+def test_banner_shows_the_lost_and_truncated_share(views: Views) -> None:
+    c = views.collector
+    want = api(c, "/api/v1/tree", type="cpu", search=LOST, max_nodes="1")["matched"]["share"]
+    computed = folded_share(c, LOST, type="cpu")
+    assert want > 0  # nofp_chain recurses deeper than a stack walk goes: [truncated]
+    page = open_page(views)
+    drawn(page, "work_b")
+    banner = page.locator("#lost-banner")
+    banner.wait_for(timeout=DRAWN_MS)
+    share = float(banner.get_attribute("data-share") or -1)
+    assert abs(share - 100 * want) < 0.01
+    assert abs(share - computed) < 0.1, (share, computed)
+    assert f"{share:.2f}%" in banner.inner_text() and "[truncated]" in banner.inner_text()
+    # none without the deep workload
+    page.select_option("#label-name", "comm")
+    page.wait_for_function("document.querySelectorAll('#label-value option').length >= 3")
+    page.select_option("#label-op", "!=")
+    page.select_option("#label-value", ["nofp_chain"])
+    page.click("#add-filter")
+    rest = api(c, "/api/v1/tree", type="cpu", search=LOST, match="comm!=nofp_chain",
+               max_nodes="1")["matched"]["share"]
+    page.wait_for_function(
+        "s => Math.abs(+document.getElementById('lost-banner').dataset.share - s) < 1e-6",
+        arg=100 * rest, timeout=DRAWN_MS)
+    assert banner.is_visible() == (rest > 0)
+    page.context.close()
+
+
+def test_a_type_not_collected_is_a_sentence_naming_the_setting(views: Views) -> None:
+    stored = api(views.collector, "/api/v1/types")
+    assert stored["aliases"]["wakeup"] not in stored["types"]
+    page = open_page(views, "?type=wakeup")
+    msg = page.locator("#graph-message")
+    page.wait_for_function(
+        "document.getElementById('graph-message').textContent.includes('agent.wakeup')",
+        timeout=DRAWN_MS)
+    text = msg.inner_text()
+    assert text.startswith("No wakeup profiles are stored.") and "agent.wakeup is true" in text
+    assert "{" not in text and "error" not in text
+    assert page.locator("#graph g.f").count() == 0
+    assert "Wakeup" in page.inner_text("#subtitle")
+    page.context.close()
+
+
+def test_dark_mode_follows_the_system_and_the_toggle_is_in_the_url(views: Views) -> None:
+    bg = "getComputedStyle(document.body).backgroundColor"
+
+    def dark(page: Any) -> bool:
+        r, g, b = (int(x) for x in re.findall(r"\d+", page.evaluate(bg))[:3])
+        return (r + g + b) / 3 < 80
+
+    page = open_page(views, color_scheme="dark")
+    drawn(page, "work_b")
+    assert page.input_value("#theme") == "" and dark(page)
+    shot = page.screenshot(full_page=True)
+    n, warm, _ = colours(shot)
+    assert n > 30 and warm > 5000, (n, warm)  # the graph keeps its colours
+    save(views, page, "dark", full_page=True)
+    page.select_option("#theme", "light")
+    page.wait_for_function("location.search.includes('theme=light')")
+    assert not dark(page)
+    page.context.close()
+    page = open_page(views, "?theme=dark", color_scheme="light")
+    drawn(page, "work_b")
+    assert dark(page)
+    page.context.close()
+
+
+def test_a_deep_stack_grows_the_graph_box(views: Views) -> None:
+    page = open_page(views)
+    drawn(page, "recurse")
+    height = float(page.get_attribute("#graph", "height") or 0)
+    assert height > 520  # [truncated] stacks of 100+ frames
+    box = page.locator("#graph-box").bounding_box()
+    assert box is not None and box["height"] >= height
+    assert page.evaluate("(e => e.scrollHeight <= e.clientHeight + 1)"
+                         "(document.getElementById('graph-box'))")
+    top = min(r["y"] for r in page.eval_on_selector_all(
+        "#graph g.f rect", "rs => rs.map(r => r.getBoundingClientRect().toJSON())"))
+    assert top >= box["y"] - 1
+    page.context.close()
+
+
+def test_icicle_puts_the_root_on_top(views: Views) -> None:
+    page = open_page(views, "?view=icicle")
+    drawn(page, "work_b")
+    ys = {d: float(page.get_attribute(f"#graph g.f[data-d='{d}'] rect", "y") or -1)
+          for d in (0, 1)}
+    assert ys[0] == 0 and ys[1] > ys[0]
+    save(views, page, "icicle")
+    page.select_option("#view", "flame")
+    page.wait_for_function(
+        "+document.querySelector(\"#graph g.f[data-d='0'] rect\").getAttribute('y') > 0")
+    depth = int(page.get_attribute("#graph", "data-depth") or 0)
+    assert float(page.get_attribute("#graph g.f[data-d='0'] rect", "y") or -1) == depth * 17
+    page.context.close()
+
+
+@pytest.mark.parametrize("kind,words", [("offcpu", "time blocked")])
+def test_time_profiles_show_their_unit_and_meaning(views: Views, kind: str, words: str) -> None:
+    tree = api(views.collector, "/api/v1/tree", type=kind, max_nodes="1")
+    assert tree["unit"] == "microseconds"
+    page = open_page(views, f"?type={kind}")
+    drawn(page, "wait_sleep")
+    sub = page.inner_text("#subtitle")
+    assert "Off-CPU" in sub and words in sub, sub
+    assert f"Total: {seconds(tree['total'] / 1e6)}" in sub, sub
+    page.context.close()
