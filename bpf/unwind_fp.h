@@ -4,9 +4,9 @@
  * into stack maps that rotate with the epoch, so the daemon can read and clear
  * one generation while the programs write the next.
  *
- * A second unwinder (.eh_frame tables walked in BPF) will live beside this
- * file, fill its own stack storage and mark keys with its own `unwinder` id;
- * callers only use ember_capture_stacks().
+ * The table unwinder (.eh_frame tables walked in BPF, unwind_dwarf.h) lives
+ * beside this file, fills its own stack storage and marks keys with its own
+ * `unwinder` id; callers only use ember_capture_stacks().
  */
 #ifndef EMBER_UNWIND_FP_H
 #define EMBER_UNWIND_FP_H

@@ -5,7 +5,7 @@ its own (``inlined=True``) right after (leafwards of) the frame it was inlined
 into, at the same address; the pprof encoder folds such runs back into one
 Location with several Line entries. A frame that could not be symbolized still
 names what is known (``libfoo.so+0x1a2b``, ``[unknown]``); a stack that could
-not be captured is a synthetic frame (``[lost stack: collision]``), so no
+not be captured is a synthetic frame (``[lost user stack: collision]``), so no
 sample ever disappears from a profile.
 """
 
