@@ -18,6 +18,9 @@ def test_rust_legacy() -> None:
     assert demangle("_ZN4core3ptr85drop_in_place$LT$std..rt..lang_start$LT$$LP$$RP$$GT$"
                     "..$u7b$$u7b$closure$u7d$$u7d$$GT$17h0123456789abcdefE") == \
         "core::ptr::drop_in_place<std::rt::lang_start<()>::{{closure}}>"
+    # an element starting with an escape loses the '_' put before it
+    assert demangle("_ZN3std2rt10lang_start28_$u7b$$u7b$closure$u7d$$u7d$"
+                    "17h0123456789abcdefE") == "std::rt::lang_start::{{closure}}"
     # a C++ name that merely contains 'h' and hex is left alone
     assert demangle("_ZN3foo3barEv") == "foo::bar()"
 

@@ -94,6 +94,9 @@ def _rust_legacy(demangled: str) -> str:
     head, sep, last = demangled.rpartition("::")
     if sep and re.fullmatch(r"h[0-9a-f]{16}", last):
         demangled = head
+    # a path element can only start with a letter or '_' in the mangling, so
+    # one that starts with an escape carries a '_' first: rustc-demangle drops it
+    demangled = re.sub(r"(^|::)_(?=\$)", r"\1", demangled)
 
     def unescape(m: re.Match[str]) -> str:
         code = m.group(1)
