@@ -437,6 +437,11 @@ class CollectorMetrics:
             "ember_collector_profiles_repaired_total",
             "Profiles accepted after a repair, by kind (utf8: strings made valid UTF-8; "
             "depth: stacks capped at the depth limit)", ["reason"], registry=r)
+        self.trees = Counter(
+            "ember_collector_trees_total",
+            "Merged trees the query API made, by how (merged: summed from the stored rows; "
+            "slid: the last tree of the same query and range length moved on in time)",
+            ["how"], registry=r)
 
 
 def reference() -> str:

@@ -138,3 +138,19 @@ def test_a_collector_builds_its_index_as_it_starts(tmp_path: Path) -> None:
         assert len(c.api.index._keys) == stored
     finally:
         c.close()
+
+
+def test_the_collector_counts_trees_merged_and_slid(tmp_path: Path) -> None:
+    c = Collector(CollectorConfig(storage=str(tmp_path / "db.duckdb")))
+    try:
+        rng = random.Random(4)
+        for at in range(8):
+            write(c.store, rng, at)
+        views(c.api, 0, 6)
+        write(c.store, rng, 9)
+        views(c.api, 1, 7)
+        text = c.handle("/metrics", {}, "")[1].decode()
+        assert 'ember_collector_trees_total{how="merged"} 1.0' in text
+        assert 'ember_collector_trees_total{how="slid"} 1.0' in text
+    finally:
+        c.close()

@@ -135,6 +135,7 @@ class Collector:
         self._refused_at, self._refused_why = -1e9, ""
         self.api = Api(self.store,
                        on_skip=lambda why, n: self.metrics.rows_skipped.labels(why).inc(n))
+        self.api.windows.on_tree = lambda how: self.metrics.trees.labels(how).inc()
         self._grpc: Any = None
         self._http: Server | None = None
         self._stop = threading.Event()

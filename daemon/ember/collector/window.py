@@ -47,6 +47,7 @@ class Windows:
         self._lock = threading.Lock()
         self._latest: OrderedDict[tuple[object, ...], Made] = OrderedDict()
         self.slid = 0       # how many trees were slid rather than merged (tests, metrics)
+        self.on_tree: Callable[[str], None] | None = None   # hears "slid" or "merged"
 
     def tree(self, store: Store, key: tuple[object, ...], stored: str, selector: Selector,
              start: int, end: int, build: Callable[[int], Made | None]) -> Tree | None:
@@ -57,10 +58,13 @@ class Windows:
         with self._lock:
             last = self._latest.get(key)
         made = self._slide(store, last, stored, selector, start, end, generation) if last else None
+        how = "slid"
         if made is None:
-            made = build(generation)
+            made, how = build(generation), "merged"
         else:
             self.slid += 1
+        if made is not None and self.on_tree is not None:
+            self.on_tree(how)
         if made is not None:
             with self._lock:
                 self._latest[key] = made
