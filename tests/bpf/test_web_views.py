@@ -607,3 +607,44 @@ def test_time_profiles_show_their_unit_and_meaning(views: Views, kind: str, word
     assert "Off-CPU" in sub and words in sub, sub
     assert f"Total: {seconds(tree['total'] / 1e6)}" in sub, sub
     page.context.close()
+
+
+def _frames(page: Any, svg: str) -> list[tuple[int, str, int]]:
+    """(depth, name, value) of the frames drawn in one of the sandwich's graphs."""
+    return [(int(d), n, int(v)) for d, n, v in page.eval_on_selector_all(
+        f"#{svg} g.f", "gs => gs.map(g => [g.getAttribute('data-d'), g.getAttribute('data-n'),"
+        " g.getAttribute('data-v')])")]
+
+
+def test_sandwich_shows_the_callers_and_callees_the_api_gives(views: Views) -> None:
+    want = api(views.collector, "/api/v1/sandwich", type="cpu", name="work_a", max_nodes="5000")
+    top = api(views.collector, "/api/v1/top", type="cpu", limit="10000")
+    row = next(r for r in top["rows"] if r["name"] == "work_a")
+    assert (want["total"], want["self"]) == (row["total"], row["self"])
+    page = open_page(views, "?view=sandwich&fn=work_a")
+    page.locator("#callees g.f[data-d='0']").wait_for(timeout=DRAWN_MS)
+    assert page.input_value("#view") == "sandwich"
+    callers, callees = _frames(page, "callers"), _frames(page, "callees")
+    assert (0, "work_a", want["total"]) in callers and (0, "work_a", want["total"]) in callees
+    total = seconds(want["total"] / 1e9)
+    assert total in page.inner_text("#callers-head") and total in page.inner_text("#callees-head")
+    assert seconds(want["self"] / 1e9) in page.inner_text("#callees-head")
+    # the immediate callers (drawn above the function) and callees (below it): the API's
+    for drawn_frames, tree in ((callers, want["callers"]), (callees, want["callees"])):
+        children = {(1, c["name"], c["value"]) for c in tree["children"]}
+        shown_children = {f for f in drawn_frames if f[0] == 1}
+        assert shown_children and shown_children <= children
+        assert max(children, key=lambda c: c[2]) in shown_children
+    ys = [float(page.get_attribute(f"#{s} g.f[data-d='0'] rect", "y") or -1)
+          for s in ("callers", "callees")]
+    assert ys[0] == int(page.get_attribute("#callers", "data-depth") or 0) * 17 and ys[1] == 0
+    page.context.close()
+    # the table's button opens the sandwich of its row, in the URL
+    page = open_page(views, "?tq=work_a")
+    wait_rows(page, "work_a")
+    page.click("#top-rows .row .sw")
+    page.wait_for_function("location.search.includes('view=sandwich')"
+                           " && location.search.includes('fn=work_a')")
+    page.locator("#callees g.f[data-d='0']").wait_for(timeout=DRAWN_MS)
+    assert int(page.get_attribute("#callees-head", "data-total") or -1) == want["total"]
+    page.context.close()

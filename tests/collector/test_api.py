@@ -181,7 +181,8 @@ def test_routes_answer_without_a_collector(tmp_path: Path) -> None:
     api = Api(Store(tmp_path / "db.sqlite"))
     try:
         assert sorted(api.routes) == [f"/api/v1/{r}" for r in (
-            "diff", "flamegraph", "labels", "profile", "timeline", "top", "tree", "types")]
+            "diff", "flamegraph", "labels", "profile", "sandwich", "timeline", "top", "tree",
+            "types")]
         assert api.handle("/api/v1/labels", {}) == (200, b'{"labels": []}', "application/json")
         code, body, _ = api.handle("/api/v1/top", {})
         assert (code, json.loads(body)) == (404, {"error": "no profiles match"})

@@ -13,6 +13,8 @@ parameters, 404 when nothing matches.
   GET /api/v1/flamegraph?type=...|hotcold&title=&width=      SVG
   GET /api/v1/diff?type=&a_since=&a_match=...&b_...&normalize=1   SVG
   GET /api/v1/top?type=&limit=50          self/total per function (JSON)
+  GET /api/v1/sandwich?type=&name=FUNCTION&max_nodes=5000
+                     one function's callers (inverted) and callees (JSON)
   GET /api/v1/timeline?type=&buckets=60   samples per time bucket (JSON)
   GET /api/v1/labels                      label names
   GET /api/v1/labels/NAME/values          values of one label
@@ -140,6 +142,7 @@ class Api:
             "/api/v1/profile": self._profile, "/api/v1/tree": self._tree_route,
             "/api/v1/flamegraph": self._flamegraph,
             "/api/v1/diff": self._diff, "/api/v1/top": self._top,
+            "/api/v1/sandwich": self._sandwich,
             "/api/v1/timeline": self._timeline, "/api/v1/labels": self._labels,
             "/api/v1/types": self._types}
 
@@ -288,6 +291,13 @@ class Api:
             raise ValueError("sort must be self or total")
         rows = t.top(_int(q, "limit", 50, 1, MAX_LIMIT, "a number of rows"), sort)
         return _ok({"unit": t.unit, "total": int(t.total[0]), "rows": rows})
+
+    def _sandwich(self, q: Query) -> Reply:
+        name = _param(q, "name", "")
+        if not name:
+            raise ValueError("name (a function name) is required")
+        max_nodes = _int(q, "max_nodes", DEFAULT_NODES, 1, MAX_NODES, "a number of nodes")
+        return _ok(self._tree(q, _type(q)).sandwich(name, max_nodes))
 
     def _timeline(self, q: Query) -> Reply:
         start, end, matchers = _select(q)

@@ -397,6 +397,11 @@ class Tree:
         return [{"name": names[i], "self": int(self_by[i]), "total": int(total_by[i])}
                 for i in order[:limit]]
 
+    def sandwich(self, name: str, max_nodes: int = DEFAULT_NODES) -> dict[str, Any]:
+        """The callers and callees of one function (sandwich.py)."""
+        from .sandwich import sandwich
+        return sandwich(self, name, max_nodes)
+
 
 def _totals(index: Index, self_w: npt.NDArray[Any],
             parent: npt.NDArray[np.int64]) -> npt.NDArray[Any]:

@@ -8,9 +8,10 @@
 // link's own request could not carry the header.
 //
 // The whole view (type, range, label matchers, zoomed frame, search, view
-// mode, theme, table sort and filter, compare settings) is the page's query
-// string: a copied URL opens the same view, and Back/Forward go through the
-// views a person chose (pushState on each choice, popstate draws again).
+// mode and the sandwich's function, theme, table sort and filter, compare
+// settings) is the page's query string: a copied URL opens the same view,
+// and Back/Forward go through the views a person chose (pushState on each
+// choice, popstate draws again).
 //
 // Each view (graph, table, timeline, banner, diff) is a slot: a new request
 // aborts the slot's older one, and an answer is shown only if it is the
@@ -20,7 +21,7 @@
   var $ = function (id) { return document.getElementById(id); };
   var SVGNS = "http://www.w3.org/2000/svg";
   var TYPES = ["cpu", "offcpu", "hotcold", "runqlat", "wakeup", "offwake"];
-  var VIEWS = ["flame", "icicle"];
+  var VIEWS = ["flame", "icicle", "sandwich"];
   var THEMES = ["", "light", "dark"];
   var SORTS = ["self", "total", "name"];
   // A name as the server's SVG shows it (flamegraph/svg.py escape): what XML
@@ -53,12 +54,13 @@
   function defaults() {
     return { type: "cpu", since: DEFAULT_SINCE, from: null, to: null, matchers: [], focus: [],
              search: "", view: "flame", theme: "", sort: "self", rev: false, tq: "",
-             baseline: "previous", baselineMatch: "", diff: false };
+             baseline: "previous", baselineMatch: "", diff: false, fn: "" };
   }
   var state = defaults();
   var lastRange = null;   // {start, end, values} of the last timeline
   var graphData = null;   // the last tree answer drawn
   var topData = null;     // the last top answer
+  var swData = null;      // the last sandwich answer drawn
 
   // --- the view state <-> the URL ---
   function toQuery(s) {
@@ -69,6 +71,7 @@
     if (s.focus.length) p.set("focus", s.focus.join(";"));
     if (s.search) p.set("search", s.search);
     if (s.view !== "flame") p.set("view", s.view);
+    if (s.fn) p.set("fn", s.fn);
     if (s.theme) p.set("theme", s.theme);
     if (s.sort !== "self") p.set("sort", s.sort);
     if (s.rev) p.set("rev", "1");
@@ -91,6 +94,7 @@
     s.focus = focus ? focus.split(";") : [];
     s.search = p.get("search") || "";
     s.view = pick(p.get("view"), VIEWS, s.view);
+    s.fn = p.get("fn") || "";
     s.theme = pick(p.get("theme") || "", THEMES, s.theme);
     s.sort = pick(p.get("sort"), SORTS, s.sort);
     s.rev = p.get("rev") === "1";
@@ -246,8 +250,9 @@
     dropSlots();
     ["flame", "diff"].forEach(function (id) { setBlob($(id), null); });
     $("diff").classList.add("hidden");
-    graphData = topData = lastRange = null;
+    graphData = topData = lastRange = swData = null;
     clear($("graph")); $("graph").setAttribute("width", 0); $("graph").setAttribute("height", 0);
+    ["callers", "callees"].forEach(function (id) { clear($(id)); $(id + "-head").textContent = ""; });
     clear($("top-rows")); $("top-spacer").style.height = "0px"; $("top-count").textContent = "";
     clear($("timeline"));
     clear($("label-name")); clear($("label-value"));
@@ -437,6 +442,10 @@
     return "rgb(" + c.map(Math.round).join(",") + ")";
   }
   function loadGraph() {
+    var sandwich = state.view === "sandwich";
+    $("sandwich").classList.toggle("hidden", !sandwich);
+    if (sandwich) { loadSandwich(); return; }
+    swData = null;
     var hotcold = state.type === "hotcold";
     $("graph").classList.toggle("hidden", hotcold);
     $("flame").classList.toggle("hidden", !hotcold);
@@ -472,7 +481,7 @@
   function graphFailed(e) {
     if (e.message === SILENT) return;
     loading(false);
-    graphData = null;
+    graphData = swData = null;
     drawGraph();
     setBlob($("flame"), null);
     if (e.status === 404) notCollected(e.message);
@@ -481,6 +490,7 @@
   // No profiles matched: say why in a sentence (never raw JSON).
   function notCollected(why) {
     var kind = KINDS[state.type], type = state.type;
+    if (/^no frame named/.test(why)) { message("The function is not in this range: " + why + "."); return; }
     if (/^no frame/.test(why)) { message("The zoomed frame is not in this range: " + why + "."); return; }
     message("No " + kind.name + " profiles match this range and these filters.");
     var asked = ++notCollected.seq;
@@ -506,7 +516,12 @@
     clear(svg);
     drawn = [];
     $("crumbs").textContent = "";
-    $("reset-zoom").classList.toggle("hidden", !state.focus.length);
+    $("reset-zoom").classList.toggle("hidden", !state.focus.length || state.view === "sandwich");
+    if (state.view === "sandwich") {
+      svg.setAttribute("width", 0); svg.setAttribute("height", 0);
+      drawSandwich();
+      return;
+    }
     renderCrumbs();
     var j = graphData;
     var totalText = $("subtitle-total");
@@ -517,8 +532,26 @@
       return;
     }
     var width = Math.max(300, $("graph-box").clientWidth - 2);
-    var root = j.tree, scale = root.value ? width / root.value : 0;
-    var icicle = state.view === "icicle";
+    var root = j.tree;
+    var rootName = state.focus.length ? state.focus[state.focus.length - 1] : "";
+    drawn = paint(svg, root, width, state.view === "icicle", rootName, describe);
+    var total = typeof j.total === "number" ? j.total : root.value;
+    if (totalText) totalText.textContent = "Total: " + fmt(total, j.unit) +
+      (state.focus.length ? "; zoomed frame: " + fmt(root.value, j.unit) + " (" + pct(root.value, total) + ")" : "") +
+      " from " + j.profiles + " profile" + (j.profiles === 1 ? "" : "s") + ".";
+    var m = $("matched");
+    if (j.matched) {
+      m.textContent = "Matched: " + (100 * j.matched.share).toFixed(2) + "% of " +
+        (state.focus.length ? "the zoomed frame" : "all") + " (" + fmt(j.matched.value, j.unit) + ")";
+      m.dataset.share = String(100 * j.matched.share);
+    } else { m.textContent = ""; delete m.dataset.share; }
+  }
+  // One tree as frames in an SVG, the root at the bottom (a flame graph) or
+  // at the top (``icicle``); ``rootName`` names the root when not "". Every
+  // name goes in as text. Returns the frames drawn, by their data-i.
+  function paint(svg, root, width, icicle, rootName, describeFn) {
+    clear(svg);
+    var scale = root.value ? width / root.value : 0;
     var maxDepth = 0, items = [];
     (function walk(node, x, depth, parent) {
       var w = node.value * scale;
@@ -539,7 +572,7 @@
     items.forEach(function (it, i) {
       var y = icicle ? it.depth * FRAME_H : (maxDepth - it.depth) * FRAME_H;
       var g = document.createElementNS(SVGNS, "g");
-      var name = it.depth === 0 && state.focus.length ? state.focus[state.focus.length - 1] : it.node.name;
+      var name = it.depth === 0 && rootName ? rootName : it.node.name;
       var hit = rx !== null && it.depth > 0 && rx.test(name);
       name = shown(name); // searched as stored, drawn as the server's SVG draws it
       g.setAttribute("class", hit ? "f match" : "f");
@@ -551,7 +584,7 @@
       r.setAttribute("fill", hit ? "rgb(230,0,230)" : colour(name, it.depth));
       g.appendChild(r);
       var title = document.createElementNS(SVGNS, "title");
-      title.textContent = describe(it.node, name);
+      title.textContent = describeFn(it.node, name);
       g.appendChild(title);
       var fits = Math.floor((it.w - 6) / 7);
       if (fits >= 3) {
@@ -560,21 +593,90 @@
         t.textContent = name.length <= fits ? name : name.slice(0, fits - 2) + "..";
         g.appendChild(t);
       }
-      drawn.push(it);
       frag.appendChild(g);
     });
     svg.appendChild(frag);
-    var total = typeof j.total === "number" ? j.total : root.value;
-    if (totalText) totalText.textContent = "Total: " + fmt(total, j.unit) +
-      (state.focus.length ? "; zoomed frame: " + fmt(root.value, j.unit) + " (" + pct(root.value, total) + ")" : "") +
-      " from " + j.profiles + " profile" + (j.profiles === 1 ? "" : "s") + ".";
-    var m = $("matched");
-    if (j.matched) {
-      m.textContent = "Matched: " + (100 * j.matched.share).toFixed(2) + "% of " +
-        (state.focus.length ? "the zoomed frame" : "all") + " (" + fmt(j.matched.value, j.unit) + ")";
-      m.dataset.share = String(100 * j.matched.share);
-    } else { m.textContent = ""; delete m.dataset.share; }
+    return items;
   }
+
+  // --- the sandwich: one function's callers (above, the function at their
+  // bottom) and callees (below, the function at their top) ---
+  var swDrawn = { callers: [], callees: [] };
+  function loadSandwich() {
+    $("graph").classList.add("hidden");
+    $("flame").classList.add("hidden");
+    $("search").disabled = false;
+    setBlob($("flame"), null);
+    if (!state.fn) {
+      slot("graph").key = null;
+      if (slot("graph").ctl) { slot("graph").ctl.abort(); slot("graph").seq++; }
+      swData = null; graphData = null;
+      drawGraph();
+      message("Choose a function: the \u21c5 button of a row in the top functions table " +
+        "shows its callers and callees.");
+      return;
+    }
+    var p = params({ type: dataType(), name: state.fn, max_nodes: MAX_NODES });
+    var path = "/api/v1/sandwich?" + p;
+    var f = fetchSlot("graph", path, path, json);
+    if (!f) { drawGraph(); return; }
+    loading(true);
+    f.then(function (j) {
+      loading(false); message(""); status("");
+      graphData = null; swData = j;
+      drawGraph();
+    }).catch(graphFailed);
+  }
+  function swDescribe(node, name) {
+    var j = swData;
+    return name + " \u2014 " + fmt(node.value, j.unit) + ", " + pct(node.value, j.all) +
+      (node.self ? " (self " + fmt(node.self, j.unit) + ")" : "");
+  }
+  function drawSandwich() {
+    var j = swData;
+    var totalText = $("subtitle-total");
+    if (totalText) totalText.textContent = "";
+    $("matched").textContent = "";
+    swDrawn = { callers: [], callees: [] };
+    ["callers", "callees"].forEach(function (id) {
+      var svg = $(id);
+      clear(svg); svg.setAttribute("width", 0); svg.setAttribute("height", 0);
+      $(id + "-head").textContent = "";
+      $(id + "-head").classList.toggle("hidden", !j);
+    });
+    if (!j) return;
+    var width = Math.max(300, $("graph-box").clientWidth - 2);
+    var name = shown(j.name);
+    $("callers-head").textContent = "Callers of " + name + " \u2014 total " + fmt(j.total, j.unit) +
+      " (" + pct(j.total, j.all) + ")";
+    $("callees-head").textContent = "Callees of " + name + " \u2014 total " + fmt(j.total, j.unit) +
+      ", self " + fmt(j.self, j.unit);
+    $("callers-head").dataset.total = String(j.callers.value);
+    $("callees-head").dataset.total = String(j.callees.value);
+    $("callees-head").dataset.self = String(j.self);
+    swDrawn.callers = paint($("callers"), j.callers, width, false, "", swDescribe);
+    swDrawn.callees = paint($("callees"), j.callees, width, true, "", swDescribe);
+    if (totalText) totalText.textContent = "Function " + name + ": " + fmt(j.total, j.unit) + " of " +
+      fmt(j.all, j.unit) + " (" + pct(j.total, j.all) + "), self " + fmt(j.self, j.unit) +
+      ", from " + j.profiles + " profile" + (j.profiles === 1 ? "" : "s") + ".";
+  }
+  ["callers", "callees"].forEach(function (id) {
+    var svg = $(id);
+    function itemOf(e) {
+      var g = e.target.closest ? e.target.closest("g.f") : null;
+      return g ? swDrawn[id][+g.getAttribute("data-i")] || null : null;
+    }
+    svg.addEventListener("click", function (e) { // another function: its sandwich
+      var it = itemOf(e);
+      // (a caller with self value is a thread name: the callers end there)
+      if (it && it.depth > 0 && (id === "callees" || !it.node.self)) go({ fn: it.node.name });
+    });
+    svg.addEventListener("mouseover", function (e) {
+      var it = itemOf(e);
+      if (it && swData) $("details").textContent = swDescribe(it.node, shown(it.node.name));
+    });
+    svg.addEventListener("mouseout", function () { $("details").textContent = "\u00a0"; });
+  });
   function describe(node, name) {
     var j = graphData, total = j.total || j.tree.value;
     return name + " \u2014 " + fmt(node.value, j.unit) + ", " + pct(node.value, total) +
@@ -682,6 +784,10 @@
       div.className = "row";
       div.setAttribute("role", "row");
       div.dataset.index = i;
+      var sw = document.createElement("button");
+      sw.className = "sw"; sw.textContent = "\u21c5";
+      sw.title = "callers and callees of " + shown(row.name);
+      div.appendChild(sw);
       [shown(row.name), fmt(row.self, unit), fmt(row.total, unit)].forEach(function (t, k) {
         var s = document.createElement("span");
         s.className = k ? "num" : "name";
@@ -794,7 +900,14 @@
   $("since").addEventListener("change", function () {
     go({ since: this.value, from: null, to: null });
   });
-  $("view").addEventListener("change", function () { go({ view: this.value }); });
+  $("view").addEventListener("change", function () {
+    // the sandwich of the searched function, when a table row chose one
+    var fn = state.fn, m = /^\^(.*)\$$/.exec(state.search);
+    var searched = m ? m[1].replace(/\\(.)/g, "$1") : "";
+    if (this.value === "sandwich" && !fn && searched &&
+        "^" + escapeRegex(searched) + "$" === state.search) fn = searched;
+    go({ view: this.value, fn: fn });
+  });
   $("theme").addEventListener("change", function () { go({ theme: this.value }); });
   $("label-name").addEventListener("change", loadValues);
   $("label-op").addEventListener("change", opChanged);
@@ -827,7 +940,10 @@
   $("top-rows").addEventListener("click", function (e) {
     var row = e.target.closest(".row");
     if (row && topRows[+row.dataset.index]) {
-      go({ search: "^" + escapeRegex(topRows[+row.dataset.index].name) + "$" });
+      var name = topRows[+row.dataset.index].name;
+      // the row's button, or any row in the sandwich view: that function's sandwich
+      if (e.target.closest(".sw") || state.view === "sandwich") go({ view: "sandwich", fn: name });
+      else go({ search: "^" + escapeRegex(name) + "$" });
     }
   });
   $("compare").addEventListener("click", function () {
