@@ -19,8 +19,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from ember.agent.labels import ProcessLabels, series_labels
 from ember.collector.api import Api
 from ember.collector.legacy import KEPT_SUFFIX
@@ -56,13 +54,6 @@ def stored(prof: Profile, pid: int = 10, at: int = 0) -> list[StoredProfile]:
     labels = series_labels(prof.type, ProcessLabels(pid=pid, comm="app"), {"host": f"h{pid}"})
     sent = replace(prof, start_ns=NOW - (at + 1) * 10**9, duration_ns=10**9, labels=labels)
     return check_request(ps.WriteRawRequest(series=[make_series(sent)[0]]), DEFAULT_LIMITS, NOW)
-
-
-@pytest.fixture
-def api() -> Iterator[Api]:
-    a = Api(Store(":memory:"))
-    yield a
-    a.store.close()
 
 
 def get(api: Api, path: str, **params: str) -> tuple[int, bytes]:

@@ -8,15 +8,12 @@ import json
 import random
 import time
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
-import pytest
-
 from ember.agent.labels import ProcessLabels, series_labels
 from ember.collector.api import Api
-from ember.collector.store import Store, StoredProfile
+from ember.collector.store import StoredProfile
 from ember.collector.validate import DEFAULT_LIMITS, INT64_MAX, check_request
 from ember.encode.writeraw import make_series
 from ember.model import Frame, FrameKind, Profile, Sample
@@ -39,13 +36,6 @@ def even(prof: Profile) -> Profile:
     sandwich (nanoseconds) compare."""
     return replace(prof, samples=tuple(replace(s, values=(s.values[0], s.values[0] * NS))
                                        for s in prof.samples))
-
-
-@pytest.fixture
-def api() -> Iterator[Api]:
-    a = Api(Store(":memory:"))
-    yield a
-    a.store.close()
 
 
 def get(api: Api, path: str, **params: str) -> tuple[int, Any]:

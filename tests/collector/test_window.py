@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import random
 import time
-from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -38,13 +37,6 @@ def write(store: Store, rng: random.Random, at: int, pids: tuple[int, ...] = (10
         series.append(make_series(prof)[0])
     store.write(check_request(ps.WriteRawRequest(series=series), DEFAULT_LIMITS,
                               T0 + (at + 1) * S))
-
-
-@pytest.fixture
-def api() -> Iterator[Api]:
-    a = Api(Store(":memory:"))
-    yield a
-    a.store.close()
 
 
 def views(api: Api, lo: int, hi: int, match: str = "") -> tuple[bytes, bytes]:
