@@ -339,15 +339,24 @@
     sel.value = j.labels.indexOf("comm") >= 0 ? "comm" : sel.value;
     loadValues();
   }
+  // The values of the chosen label. Only the latest request's answer fills
+  // the list (the page asks at load, and again when the label changes), and
+  // values already picked stay picked when the list is filled again.
+  var valuesAsked = 0;
   function loadValues() {
     var name = $("label-name").value;
     if (!name) return;
+    var asked = ++valuesAsked;
     api("/api/v1/labels/" + encodeURIComponent(name) + "/values")
       .then(json).then(function (j) {
+        if (asked !== valuesAsked || $("label-name").value !== name) return;
         var sel = $("label-value");
+        var picked = Array.prototype.map.call(sel.selectedOptions, function (o) { return o.value; });
         clear(sel);
         j.values.forEach(function (v) {
-          var o = document.createElement("option"); o.value = o.textContent = v; sel.appendChild(o);
+          var o = document.createElement("option"); o.value = o.textContent = v;
+          o.selected = picked.indexOf(v) >= 0;
+          sel.appendChild(o);
         });
         sel.size = Math.min(4, Math.max(1, j.values.length));
       }).catch(quiet);
