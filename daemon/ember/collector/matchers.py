@@ -15,13 +15,13 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-__all__ = ["OPS", "Matcher", "Matchers", "Selector", "parse", "selector"]
+__all__ = ["Matcher", "Matchers", "Selector", "parse", "selector"]
 
-#: The operators, longest first: ``a!=b`` is ``a`` != ``b``, not ``a!`` = ``b``.
-OPS = ("=~", "!~", "!=", "=")
 #: A regular expression is compiled from a request: long ones are refused
 #: rather than left to backtrack over every series.
 MAX_REGEX = 256
+# label, operator (the two-character ones first: ``a!=b`` is ``a`` != ``b``,
+# not ``a!`` = ``b``), value
 _SPLIT = re.compile(r"^([^=!~]+)(=~|!~|!=|=)(.*)$", re.DOTALL)
 
 

@@ -32,7 +32,7 @@ from array import array
 from collections import deque
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import duckdb
 import numpy as np
@@ -311,7 +311,8 @@ class Store:
 
     def aggregate(self, start_ns: int, end_ns: int, matchers: Matchers,
                   type_: str, by_name: bool = False,
-                  rows: tuple[str, int] | None = None) -> Aggregate | None:
+                  rows: tuple[Literal["time_ns >=", "end_ns <"], int] | None = None
+                  ) -> Aggregate | None:
         """The samples of one type in a range, summed per (thread, stack),
         or per (thread name, stack) with ``by_name`` (all the flame graph
         needs, and far fewer groups over a fleet); None when no stored
@@ -350,9 +351,7 @@ class Store:
             sums = ", ".join(f"least(greatest(sum(v{i}), {-(1 << 63)}), {(1 << 63) - 1})::BIGINT"
                              for i in range(n))
             if rows is not None:
-                column, op = rows[0].split()
-                assert column in ("time_ns", "end_ns") and op in ("<", ">="), rows
-                clause += f" AND {column} {op} ?"
+                clause += f" AND {rows[0]} ?"
                 args = [*args, rows[1]]
             who = "tname" if by_name else "thread"
             got = cur.execute(f"SELECT {who}, stack, {sums} FROM samples WHERE {clause} "
