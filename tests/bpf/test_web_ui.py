@@ -17,7 +17,16 @@ from ember import config
 from ember.collector.server import Collector
 from ember.config import AgentConfig, CollectorConfig, Targets
 from tests.support.agent import running_agent
-from tests.support.browser import BROWSER_ARGS, CHROMIUM, DRAWN_MS, colours
+from tests.support.browser import (
+    BROWSER_ARGS,
+    CHROMIUM,
+    DRAWN_MS,
+    click_frame,
+    colours,
+    frames,
+    named,
+    wait_frame,
+)
 from tests.support.net import free_port
 
 pytestmark = pytest.mark.bpf
@@ -88,7 +97,7 @@ def test_ui_zoom_search_offcpu_and_diff(filled_collector, tmp_path: Path) -> Non
         browser = p.chromium.launch(executable_path=CHROMIUM, args=BROWSER_ARGS)
         page = browser.new_page(viewport={"width": 1500, "height": 1000})
         page.goto(url)
-        page.locator("#graph g.f[data-n='work_b']").first.wait_for(timeout=DRAWN_MS)
+        wait_frame(page, "work_b")
         # the top-functions table lists the hottest function
         page.locator("#top-rows .row").first.wait_for(timeout=DRAWN_MS)
         assert page.locator("#top-rows .row .name").first.inner_text() == "spin"
@@ -103,17 +112,15 @@ def test_ui_zoom_search_offcpu_and_diff(filled_collector, tmp_path: Path) -> Non
         # width; its siblings go. The widest work_b: a process's first
         # samples, before its unwind tables were loaded, were walked by frame
         # pointers and stand apart, narrow.
-        rects = page.locator("#graph g.f[data-n='work_b'] rect")
-        widths = [float(rects.nth(i).get_attribute("width") or 0) for i in range(rects.count())]
-        rects.nth(widths.index(max(widths))).click()
-        page.locator("#graph g.f[data-d='0'][data-n='work_b']").wait_for(timeout=DRAWN_MS)
+        click_frame(page, max(named(page, "work_b"), key=lambda f: f["w"]))
+        wait_frame(page, "work_b", depth=0)
         assert page.locator("#reset-zoom").is_visible()
-        width = float(page.get_attribute("#graph g.f[data-d='0'] rect", "width") or 0)
-        plot = float(page.get_attribute("#graph", "width") or 0)
+        width = frames(page)[0]["w"]
+        plot = page.evaluate("document.getElementById('graph').getBoundingClientRect().width")
         assert abs(width - plot) < 1
-        assert page.locator("#graph g.f[data-n='work_a']").count() == 0
+        assert not named(page, "work_a")
         page.click("#reset-zoom")
-        page.locator("#graph g.f[data-n='work_a']").first.wait_for(timeout=DRAWN_MS)
+        wait_frame(page, "work_a")
 
         # search by regex: the matched share of the whole profile
         page.fill("#search", "^work_[ab]$")
@@ -128,7 +135,7 @@ def test_ui_zoom_search_offcpu_and_diff(filled_collector, tmp_path: Path) -> Non
 
         # switch to off-CPU: a blue graph with the waiting functions
         page.select_option("#type", "offcpu")
-        page.locator("#graph g.f[data-n='wait_sleep']").first.wait_for(timeout=DRAWN_MS)
+        wait_frame(page, "wait_sleep")
         assert "Off-CPU" in page.inner_text("#subtitle")
         shot = page.screenshot(path=str(tmp_path / "offcpu.png"))
         _, _, blue = colours(shot)
@@ -192,7 +199,7 @@ def test_ui_sign_in_with_token(token_collector: Collector, tmp_path: Path) -> No
         # the right one: a drawn flame graph, the token in sessionStorage only
         page.fill("#token", TOKEN)
         page.press("#token", "Enter")
-        page.locator("#graph g.f[data-n='work_b']").first.wait_for(timeout=DRAWN_MS)
+        wait_frame(page, "work_b")
         assert page.locator("#signin-box").is_hidden()
         assert page.locator("#sign-out").is_visible()
         page.locator("#top-rows .row").first.wait_for(timeout=DRAWN_MS)
@@ -221,7 +228,7 @@ def test_ui_sign_in_with_token(token_collector: Collector, tmp_path: Path) -> No
 
         # a reload in the same tab stays signed in (and shows the same view)
         page.reload()
-        page.locator("#graph g.f[data-n='work_b']").first.wait_for(timeout=DRAWN_MS)
+        wait_frame(page, "work_b")
         page.frame_locator("#diff").locator("#title").wait_for(timeout=DRAWN_MS)
         assert page.locator("#signin-box").is_hidden()
         frame_urls = [f.url for f in page.frames]
@@ -232,7 +239,7 @@ def test_ui_sign_in_with_token(token_collector: Collector, tmp_path: Path) -> No
         assert page.inner_text("#signin-message") == "Signed out."
         assert page.evaluate("sessionStorage.length") == 0
         assert page.locator("#top-rows .row").count() == 0
-        assert page.locator("#graph g.f").count() == 0
+        assert frames(page) == []
         assert page.get_attribute("#diff", "data-blob") == ""
         diff_frame = page.locator("#diff").element_handle().content_frame()
         deadline = time.monotonic() + 30

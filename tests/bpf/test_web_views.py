@@ -31,7 +31,16 @@ from ember import config
 from ember.collector.server import Collector
 from ember.config import AgentConfig, CollectorConfig, Targets
 from tests.support.agent import running_agent
-from tests.support.browser import BROWSER_ARGS, CHROMIUM, DRAWN_MS, colours
+from tests.support.browser import (
+    BROWSER_ARGS,
+    CHROMIUM,
+    DRAWN_MS,
+    click_frame,
+    colours,
+    frames,
+    named,
+    wait_frame,
+)
 from tests.support.net import free_port
 
 pytestmark = [pytest.mark.bpf,
@@ -166,21 +175,19 @@ def open_page(v: Views, query: str = "", **context: Any) -> Any:
 
 def drawn(page: Any, name: str = "") -> None:
     """Wait until the graph shows (a frame named ``name``) and nothing loads."""
-    if name:
-        page.locator(f"#graph g.f[data-n='{name}']").first.wait_for(timeout=DRAWN_MS)
+    wait_frame(page, name)
     page.wait_for_function(
-        "document.querySelectorAll('#graph g.f').length > 0"
+        "window.ember.frames('graph').length > 0"
         " && document.getElementById('loading').classList.contains('hidden')",
         timeout=DRAWN_MS)
 
 
 def names_at(page: Any, depth: int) -> set[str]:
-    return set(page.eval_on_selector_all(
-        f"#graph g.f[data-d='{depth}']", "gs => gs.map(g => g.getAttribute('data-n'))"))
+    return {f["n"] for f in frames(page) if f["d"] == depth}
 
 
 def root_value(page: Any) -> int:
-    return int(page.get_attribute("#graph g.f[data-d='0']", "data-v") or -1)
+    return int(frames(page)[0]["v"])
 
 
 def shown_rows(page: Any) -> list[str]:
@@ -277,10 +284,8 @@ def test_zoom_is_in_the_url_and_fetches_the_subtree(views: Views) -> None:
     c = views.collector
     page = open_page(views)
     drawn(page, "work_b")
-    rects = page.locator("#graph g.f[data-n='work_b'] rect")
-    widths = [float(rects.nth(i).get_attribute("width") or 0) for i in range(rects.count())]
-    rects.nth(widths.index(max(widths))).click()
-    page.locator("#graph g.f[data-d='0'][data-n='work_b']").wait_for(timeout=DRAWN_MS)
+    click_frame(page, max(named(page, "work_b"), key=lambda f: f["w"]))
+    wait_frame(page, "work_b", depth=0)
     drawn(page)
     focus = re.search(r"focus=([^&]+)", page.url)
     assert focus, page.url
@@ -289,20 +294,20 @@ def test_zoom_is_in_the_url_and_fetches_the_subtree(views: Views) -> None:
     sub = api(c, "/api/v1/tree", type="cpu", focus=";".join(path), max_nodes="5000")
     assert sub["focus"] == path and root_value(page) == sub["tree"]["value"]
     # the zoomed frame fills the width; its children are the subtree's
-    width = float(page.get_attribute("#graph", "width") or 0)
-    root_w = float(page.get_attribute("#graph g.f[data-d='0'] rect", "width") or 0)
+    width = page.evaluate("document.getElementById('graph').getBoundingClientRect().width")
+    root_w = frames(page)[0]["w"]
     assert abs(root_w - width) < 1
     assert {ch["name"] for ch in sub["tree"]["children"]
             if ch["value"] / sub["tree"]["value"] * width >= 0.5} == names_at(page, 1)
     assert page.locator("#reset-zoom").is_visible()
     # a new page with the URL: the same zoom
     other = open_page(views, page.url[len(views.url):])
-    other.locator("#graph g.f[data-d='0'][data-n='work_b']").wait_for(timeout=DRAWN_MS)
+    wait_frame(other, "work_b", depth=0)
     assert root_value(other) == sub["tree"]["value"]
     other.context.close()
     # Back: the whole graph again
     page.go_back()
-    page.locator("#graph g.f[data-d='0'][data-n='all']").wait_for(timeout=DRAWN_MS)
+    wait_frame(page, "all", depth=0)
     assert "focus=" not in page.url
     page.context.close()
 
@@ -323,7 +328,7 @@ def test_search_share_is_the_whole_profiles(views: Views) -> None:
     assert abs(share - computed) < 0.1, (share, computed)
     assert f"{share:.2f}%" in page.inner_text("#matched")
     # matching frames are highlighted, the others not
-    hits = page.eval_on_selector_all("#graph g.f.match", "gs => gs.map(g => g.dataset.n)")
+    hits = [f["n"] for f in frames(page) if f["match"]]
     assert hits and set(hits) <= {"work_a", "work_b"}
     save(views, page, "search", full_page=True)
     page.context.close()
@@ -358,7 +363,7 @@ def test_a_late_answer_does_not_overwrite_a_newer_view(views: Views) -> None:
     cpu = api(views.collector, "/api/v1/tree", type="cpu", max_nodes="1")
     assert off["total"] != cpu["total"]
     assert root_value(page) == cpu["total"]  # samples, not the off-CPU microseconds
-    assert page.locator("#graph g.f[data-n='work_b']").count() > 0
+    assert named(page, "work_b")
     assert f"Total: {cpu['total']} samples" in page.inner_text("#subtitle")
     page.context.close()
 
@@ -443,8 +448,8 @@ def _check(page: Any, c: Collector, matchers: list[str]) -> set[str]:
     """The graph shows the API's total for these matchers; the threads drawn."""
     want = api(c, "/api/v1/tree", type="cpu", match=matchers, max_nodes="1")["total"]
     page.wait_for_function(
-        "v => { const g = document.querySelector(\"#graph g.f[data-d='0']\");"
-        " return g !== null && +g.dataset.v === v"
+        "v => { const g = window.ember.frames('graph')[0];"
+        " return g !== undefined && g.v === v"
         " && document.getElementById('loading').classList.contains('hidden'); }",
         arg=want, timeout=DRAWN_MS)
     assert sorted(page.evaluate("window.ember.state.matchers")) == sorted(matchers)
@@ -538,7 +543,7 @@ def test_a_type_not_collected_is_a_sentence_naming_the_setting(views: Views) -> 
     text = msg.inner_text()
     assert text.startswith("No wakeup profiles are stored.") and "agent.wakeup is true" in text
     assert "{" not in text and "error" not in text
-    assert page.locator("#graph g.f").count() == 0
+    assert frames(page) == []
     assert "Wakeup" in page.inner_text("#subtitle")
     page.context.close()
 
@@ -570,30 +575,29 @@ def test_dark_mode_follows_the_system_and_the_toggle_is_in_the_url(views: Views)
 def test_a_deep_stack_grows_the_graph_box(views: Views) -> None:
     page = open_page(views)
     drawn(page, "recurse")
-    height = float(page.get_attribute("#graph", "height") or 0)
+    height = page.evaluate("document.getElementById('graph').getBoundingClientRect().height")
     assert height > 520  # [truncated] stacks of 100+ frames
     box = page.locator("#graph-box").bounding_box()
     assert box is not None and box["height"] >= height
     assert page.evaluate("(e => e.scrollHeight <= e.clientHeight + 1)"
                          "(document.getElementById('graph-box'))")
-    top = min(r["y"] for r in page.eval_on_selector_all(
-        "#graph g.f rect", "rs => rs.map(r => r.getBoundingClientRect().toJSON())"))
-    assert top >= box["y"] - 1
+    graph = page.locator("#graph").bounding_box()
+    assert graph is not None and graph["y"] >= box["y"] - 1
+    assert graph["y"] + graph["height"] <= box["y"] + box["height"] + 1
+    assert max(f["y"] + f["h"] for f in frames(page)) <= graph["height"]
     page.context.close()
 
 
 def test_icicle_puts_the_root_on_top(views: Views) -> None:
     page = open_page(views, "?view=icicle")
     drawn(page, "work_b")
-    ys = {d: float(page.get_attribute(f"#graph g.f[data-d='{d}'] rect", "y") or -1)
-          for d in (0, 1)}
+    ys = {d: min(f["y"] for f in frames(page) if f["d"] == d) for d in (0, 1)}
     assert ys[0] == 0 and ys[1] > ys[0]
     save(views, page, "icicle")
     page.select_option("#view", "flame")
-    page.wait_for_function(
-        "+document.querySelector(\"#graph g.f[data-d='0'] rect\").getAttribute('y') > 0")
+    page.wait_for_function("window.ember.frames('graph')[0].y > 0")
     depth = int(page.get_attribute("#graph", "data-depth") or 0)
-    assert float(page.get_attribute("#graph g.f[data-d='0'] rect", "y") or -1) == depth * 17
+    assert frames(page)[0]["y"] == depth * 17
     page.context.close()
 
 
@@ -609,11 +613,9 @@ def test_time_profiles_show_their_unit_and_meaning(views: Views, kind: str, word
     page.context.close()
 
 
-def _frames(page: Any, svg: str) -> list[tuple[int, str, int]]:
+def _frames(page: Any, canvas: str) -> list[tuple[int, str, int]]:
     """(depth, name, value) of the frames drawn in one of the sandwich's graphs."""
-    return [(int(d), n, int(v)) for d, n, v in page.eval_on_selector_all(
-        f"#{svg} g.f", "gs => gs.map(g => [g.getAttribute('data-d'), g.getAttribute('data-n'),"
-        " g.getAttribute('data-v')])")]
+    return [(f["d"], f["n"], f["v"]) for f in frames(page, canvas)]
 
 
 def test_sandwich_shows_the_callers_and_callees_the_api_gives(views: Views) -> None:
@@ -622,7 +624,7 @@ def test_sandwich_shows_the_callers_and_callees_the_api_gives(views: Views) -> N
     row = next(r for r in top["rows"] if r["name"] == "work_a")
     assert (want["total"], want["self"]) == (row["total"], row["self"])
     page = open_page(views, "?view=sandwich&fn=work_a")
-    page.locator("#callees g.f[data-d='0']").wait_for(timeout=DRAWN_MS)
+    wait_frame(page, depth=0, canvas="callees")
     assert page.input_value("#view") == "sandwich"
     callers, callees = _frames(page, "callers"), _frames(page, "callees")
     assert (0, "work_a", want["total"]) in callers and (0, "work_a", want["total"]) in callees
@@ -635,8 +637,7 @@ def test_sandwich_shows_the_callers_and_callees_the_api_gives(views: Views) -> N
         shown_children = {f for f in drawn_frames if f[0] == 1}
         assert shown_children and shown_children <= children
         assert max(children, key=lambda c: c[2]) in shown_children
-    ys = [float(page.get_attribute(f"#{s} g.f[data-d='0'] rect", "y") or -1)
-          for s in ("callers", "callees")]
+    ys = [frames(page, s)[0]["y"] for s in ("callers", "callees")]
     assert ys[0] == int(page.get_attribute("#callers", "data-depth") or 0) * 17 and ys[1] == 0
     page.context.close()
     # the table's button opens the sandwich of its row, in the URL
@@ -645,6 +646,6 @@ def test_sandwich_shows_the_callers_and_callees_the_api_gives(views: Views) -> N
     page.click("#top-rows .row .sw")
     page.wait_for_function("location.search.includes('view=sandwich')"
                            " && location.search.includes('fn=work_a')")
-    page.locator("#callees g.f[data-d='0']").wait_for(timeout=DRAWN_MS)
+    wait_frame(page, depth=0, canvas="callees")
     assert int(page.get_attribute("#callees-head", "data-total") or -1) == want["total"]
     page.context.close()

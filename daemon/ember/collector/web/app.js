@@ -251,8 +251,8 @@
     ["flame", "diff"].forEach(function (id) { setBlob($(id), null); });
     $("diff").classList.add("hidden");
     graphData = topData = lastRange = swData = null;
-    clear($("graph")); $("graph").setAttribute("width", 0); $("graph").setAttribute("height", 0);
-    ["callers", "callees"].forEach(function (id) { clear($(id)); $(id + "-head").textContent = ""; });
+    unpaint($("graph"));
+    ["callers", "callees"].forEach(function (id) { unpaint($(id)); $(id + "-head").textContent = ""; });
     clear($("top-rows")); $("top-spacer").style.height = "0px"; $("top-count").textContent = "";
     clear($("timeline"));
     clear($("label-name")); clear($("label-value"));
@@ -480,12 +480,47 @@
     f = fetchSlot("graph", path, path, json);
     if (!f) { drawGraph(); return; } // the same data: the view mode may have changed
     loading(true);
+    early(path);
     f.then(function (j) {
       loading(false); message(""); status("");
       setBlob($("flame"), null);
+      j.query = params().toString(); j.focus = state.focus.join(";");
       graphData = j;
+      recent.put(path, j);
       drawGraph();
     }).catch(graphFailed);
+  }
+  // While the server answers, the view is drawn at once from what the page
+  // has: the last answer to the same question (Back, Forward), the zoomed
+  // frame's subtree of the tree shown, or the tree shown with the new
+  // search's matches coloured. The answer replaces it (a zoom's narrow
+  // frames, the matched share over the whole profile).
+  var recent = { paths: [], answers: [],
+    get: function (path) { var i = this.paths.indexOf(path); return i >= 0 ? this.answers[i] : null; },
+    put: function (path, j) {
+      var i = this.paths.indexOf(path);
+      if (i >= 0) { this.paths.splice(i, 1); this.answers.splice(i, 1); }
+      this.paths.push(path); this.answers.push(j);
+      if (this.paths.length > 8) { this.paths.shift(); this.answers.shift(); }
+    } };
+  function early(path) {
+    var j = recent.get(path), was = graphData;
+    if (!j && was && was.query === params().toString()) {
+      var focus = state.focus.join(";"), node = null;
+      if (focus === was.focus) node = was.tree;
+      else if (was.focus === "" || focus.indexOf(was.focus + ";") === 0) {
+        node = was.tree; // the new focus below the one shown: walk down to it
+        var rest = (was.focus === "" ? focus : focus.slice(was.focus.length + 1)).split(";");
+        for (var k = 0; node && k < rest.length; k++) {
+          node = node.children.filter(function (c) { return c.name === rest[k]; })[0] || null;
+        }
+      }
+      if (node) j = { tree: node, total: was.total, unit: was.unit, profiles: was.profiles,
+                      query: was.query, focus: focus };
+    }
+    if (!j || state.type === "hotcold") return;
+    graphData = j;
+    drawGraph();
   }
   function graphFailed(e) {
     if (e.message === SILENT) return;
@@ -521,13 +556,12 @@
 
   var drawn = []; // per frame index: {node, parent, depth}
   function drawGraph() {
-    var svg = $("graph");
-    clear(svg);
+    var canvas = $("graph");
+    unpaint(canvas);
     drawn = [];
     $("crumbs").textContent = "";
     $("reset-zoom").classList.toggle("hidden", !state.focus.length || state.view === "sandwich");
     if (state.view === "sandwich") {
-      svg.setAttribute("width", 0); svg.setAttribute("height", 0);
       drawSandwich();
       return;
     }
@@ -536,14 +570,17 @@
     var totalText = $("subtitle-total");
     if (totalText) totalText.textContent = "";
     if (!j || state.type === "hotcold") {
-      svg.setAttribute("width", 0); svg.setAttribute("height", 0);
       $("matched").textContent = "";
       return;
     }
     var width = Math.max(300, $("graph-box").clientWidth - 2);
     var root = j.tree;
     var rootName = state.focus.length ? state.focus[state.focus.length - 1] : "";
-    drawn = paint(svg, root, width, state.view === "icicle", rootName, describe);
+    var painting = performance.now();
+    drawn = paint(canvas, root, width, state.view === "icicle", rootName, describe);
+    // User Timing marks (the devtools' Performance panel, bench/ui_render.py)
+    performance.measure("ember:paint", { start: painting });
+    performance.mark("ember:graph");
     var total = typeof j.total === "number" ? j.total : root.value;
     if (totalText) totalText.textContent = "Total: " + fmt(total, j.unit) +
       (state.focus.length ? "; zoomed frame: " + fmt(root.value, j.unit) + " (" + pct(root.value, total) + ")" : "") +
@@ -555,57 +592,91 @@
       m.dataset.share = String(100 * j.matched.share);
     } else { m.textContent = ""; delete m.dataset.share; }
   }
-  // One tree as frames in an SVG, the root at the bottom (a flame graph) or
-  // at the top (``icicle``); ``rootName`` names the root when not "". Every
-  // name goes in as text. Returns the frames drawn, by their data-i.
-  function paint(svg, root, width, icicle, rootName, describeFn) {
-    clear(svg);
+  // One tree as frames on a canvas, the root at the bottom (a flame graph) or
+  // at the top (``icicle``); ``rootName`` names the root when not "". A
+  // canvas, not an element per frame: thousands of frames draw in a few
+  // milliseconds (bench/ui_render.py). Returns the frames drawn, by index,
+  // also kept on the canvas (``frames``) for the pointer and the tests.
+  function paint(canvas, root, width, icicle, rootName, describeFn) {
     var scale = root.value ? width / root.value : 0;
     var maxDepth = 0, items = [];
+    var rx = null;
+    if (state.search) { try { rx = new RegExp(state.search); } catch (e) { rx = null; } }
     (function walk(node, x, depth, parent) {
       var w = node.value * scale;
       if (depth > 0 && w < 0.5) return;
       var i = items.length;
-      items.push({ node: node, x: x, w: w, depth: depth, parent: parent });
+      var name = depth === 0 && rootName ? rootName : node.name;
+      items.push({ node: node, x: x, w: w, depth: depth, parent: parent,
+                   name: shown(name), // searched as stored, drawn as the server's SVG draws it
+                   match: rx !== null && depth > 0 && rx.test(name) });
       if (depth > maxDepth) maxDepth = depth;
       var cx = x;
       node.children.forEach(function (c) { walk(c, cx, depth + 1, i); cx += c.value * scale; });
     })(root, 0, 0, -1);
     var height = (maxDepth + 1) * FRAME_H + 2;
-    svg.setAttribute("width", width); svg.setAttribute("height", height);
-    svg.setAttribute("viewBox", "0 0 " + width + " " + height);
-    svg.dataset.depth = maxDepth;
-    var rx = null;
-    if (state.search) { try { rx = new RegExp(state.search); } catch (e) { rx = null; } }
-    var frag = document.createDocumentFragment();
+    var ratio = window.devicePixelRatio || 1;
+    canvas.width = Math.round(width * ratio); canvas.height = Math.round(height * ratio);
+    canvas.style.width = width + "px"; canvas.style.height = height + "px";
+    canvas.dataset.depth = maxDepth;
+    var ctx = canvas.getContext("2d");
+    ctx.setTransform(ratio, 0, 0, ratio, 0, 0);
+    ctx.font = "12px Verdana, sans-serif";
+    ctx.textBaseline = "alphabetic";
+    var rows = [];
     items.forEach(function (it, i) {
-      var y = icicle ? it.depth * FRAME_H : (maxDepth - it.depth) * FRAME_H;
-      var g = document.createElementNS(SVGNS, "g");
-      var name = it.depth === 0 && rootName ? rootName : it.node.name;
-      var hit = rx !== null && it.depth > 0 && rx.test(name);
-      name = shown(name); // searched as stored, drawn as the server's SVG draws it
-      g.setAttribute("class", hit ? "f match" : "f");
-      g.setAttribute("data-n", name);
-      g.setAttribute("data-i", i);
-      g.setAttribute("data-d", it.depth);
-      g.setAttribute("data-v", it.node.value);
-      var r = rect("", it.x, y, Math.max(0.5, it.w - 0.5), FRAME_H - 1);
-      r.setAttribute("fill", hit ? "rgb(230,0,230)" : colour(name, it.depth));
-      g.appendChild(r);
-      var title = document.createElementNS(SVGNS, "title");
-      title.textContent = describeFn(it.node, name);
-      g.appendChild(title);
+      it.y = icicle ? it.depth * FRAME_H : (maxDepth - it.depth) * FRAME_H;
+      (rows[it.depth] = rows[it.depth] || []).push(i); // left to right: the walk's order
+      ctx.fillStyle = it.match ? "rgb(230,0,230)" : colour(it.name, it.depth);
+      ctx.fillRect(it.x, it.y, Math.max(0.5, it.w - 0.5), FRAME_H - 1);
       var fits = Math.floor((it.w - 6) / 7);
       if (fits >= 3) {
-        var t = document.createElementNS(SVGNS, "text");
-        t.setAttribute("x", it.x + 3); t.setAttribute("y", y + FRAME_H - 5);
-        t.textContent = name.length <= fits ? name : name.slice(0, fits - 2) + "..";
-        g.appendChild(t);
+        ctx.fillStyle = "#000";
+        ctx.fillText(it.name.length <= fits ? it.name : it.name.slice(0, fits - 2) + "..",
+                     it.x + 3, it.y + FRAME_H - 5);
       }
-      frag.appendChild(g);
     });
-    svg.appendChild(frag);
+    canvas.frames = items; canvas.rows = rows; canvas.icicle = icicle;
+    canvas.describe = describeFn;
     return items;
+  }
+  // The frame under the pointer: its row from y, then a binary search by x.
+  function frameAt(canvas, e) {
+    var items = canvas.frames, rows = canvas.rows;
+    if (!items || !items.length) return -1;
+    var r = canvas.getBoundingClientRect(), x = e.clientX - r.left, y = e.clientY - r.top;
+    var top = Math.floor(y / FRAME_H), maxDepth = rows.length - 1;
+    var depth = canvas.icicle ? top : maxDepth - top;
+    var row = rows[depth];
+    if (!row) return -1;
+    var lo = 0, hi = row.length - 1;
+    while (lo <= hi) {
+      var mid = (lo + hi) >> 1, it = items[row[mid]];
+      if (x < it.x) hi = mid - 1;
+      else if (x >= it.x + Math.max(0.5, it.w)) lo = mid + 1;
+      else return row[mid];
+    }
+    return -1;
+  }
+  // Hover and click on a graph: ``pick(i, item)`` on a click.
+  function pointer(canvas, pick) {
+    canvas.addEventListener("mousemove", function (e) {
+      var i = frameAt(canvas, e), it = i >= 0 ? canvas.frames[i] : null;
+      canvas.style.cursor = it ? "pointer" : "default";
+      var text = it ? canvas.describe(it.node, it.name) : "";
+      canvas.title = text;
+      $("details").textContent = text || "\u00a0";
+    });
+    canvas.addEventListener("mouseleave", function () { $("details").textContent = "\u00a0"; });
+    canvas.addEventListener("click", function (e) {
+      var i = frameAt(canvas, e);
+      if (i >= 0) pick(i, canvas.frames[i]);
+    });
+  }
+  function unpaint(canvas) {
+    canvas.width = canvas.height = 0;
+    canvas.style.width = canvas.style.height = "0px";
+    canvas.frames = []; canvas.rows = [];
   }
 
   // --- the sandwich: one function's callers (above, the function at their
@@ -648,8 +719,7 @@
     $("matched").textContent = "";
     swDrawn = { callers: [], callees: [] };
     ["callers", "callees"].forEach(function (id) {
-      var svg = $(id);
-      clear(svg); svg.setAttribute("width", 0); svg.setAttribute("height", 0);
+      unpaint($(id));
       $(id + "-head").textContent = "";
       $(id + "-head").classList.toggle("hidden", !j);
     });
@@ -670,21 +740,10 @@
       ", from " + j.profiles + " profile" + (j.profiles === 1 ? "" : "s") + ".";
   }
   ["callers", "callees"].forEach(function (id) {
-    var svg = $(id);
-    function itemOf(e) {
-      var g = e.target.closest ? e.target.closest("g.f") : null;
-      return g ? swDrawn[id][+g.getAttribute("data-i")] || null : null;
-    }
-    svg.addEventListener("click", function (e) { // another function: its sandwich
-      var it = itemOf(e);
+    pointer($(id), function (i, it) { // another function: its sandwich
       // (a caller with self value is a thread name: the callers end there)
-      if (it && it.depth > 0 && (id === "callees" || !it.node.self)) go({ fn: it.node.name });
+      if (it.depth > 0 && (id === "callees" || !it.node.self)) go({ fn: it.node.name });
     });
-    svg.addEventListener("mouseover", function (e) {
-      var it = itemOf(e);
-      if (it && swData) $("details").textContent = swDescribe(it.node, shown(it.node.name));
-    });
-    svg.addEventListener("mouseout", function () { $("details").textContent = "\u00a0"; });
   });
   function describe(node, name) {
     var j = graphData, total = j.total || j.tree.value;
@@ -708,23 +767,9 @@
       box.appendChild(b);
     });
   }
-  (function () {
-    var svg = $("graph");
-    function frameOf(e) {
-      var g = e.target.closest ? e.target.closest("g.f") : null;
-      return g ? +g.getAttribute("data-i") : -1;
-    }
-    svg.addEventListener("click", function (e) {
-      var i = frameOf(e);
-      if (i <= 0) return; // the root: already the view
-      go({ focus: state.focus.concat(pathOf(i)) });
-    });
-    svg.addEventListener("mouseover", function (e) {
-      var i = frameOf(e);
-      if (i >= 0 && graphData) $("details").textContent = describe(drawn[i].node, e.target.closest("g.f").getAttribute("data-n"));
-    });
-    svg.addEventListener("mouseout", function () { $("details").textContent = "\u00a0"; });
-  })();
+  pointer($("graph"), function (i) {
+    if (i > 0) go({ focus: state.focus.concat(pathOf(i)) }); // (the root: already the view)
+  });
 
   // --- the lost or truncated share ---
   function loadBanner() {
@@ -971,7 +1016,15 @@
     resizing = setTimeout(function () { drawGraph(); drawRows(true); }, 100);
   });
 
-  window.ember = { get state() { return state; }, go: go, render: render };
+  // What the tests read: the frames of a graph as drawn (page coordinates
+  // within the canvas), since a canvas has no elements to query.
+  function framesOf(id) {
+    return ($(id).frames || []).map(function (it, i) {
+      return { i: i, n: it.name, d: it.depth, v: it.node.value, x: it.x, y: it.y, w: it.w,
+               h: FRAME_H - 1, match: it.match };
+    });
+  }
+  window.ember = { get state() { return state; }, go: go, render: render, frames: framesOf };
   state = fromQuery(location.search);
   history.replaceState(null, "", location.pathname + "?" + toQuery(state));
   applyTheme();
