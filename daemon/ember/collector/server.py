@@ -255,7 +255,7 @@ class Collector:
             return 200, b"ok\n", "text/plain"
         if path == "/metrics":
             return 200, generate_latest(self.registry), CONTENT_TYPE_LATEST
-        if path == "/" or path.startswith("/ui/"):
+        if path == "/" or path.startswith(("/ui/", "/vendor/")):
             return web.asset(path)
         if not self.authorized(auth):
             return error(401, "missing or wrong bearer token")
