@@ -649,3 +649,93 @@ def test_sandwich_shows_the_callers_and_callees_the_api_gives(views: Views) -> N
     wait_frame(page, depth=0, canvas="callees")
     assert int(page.get_attribute("#callees-head", "data-total") or -1) == want["total"]
     page.context.close()
+
+
+def test_compare_side_by_side_shows_each_label_sets_tree(views: Views) -> None:
+    c = views.collector
+    page = open_page(views, "?match=comm%3Dcpu_shares&baseline=labels"
+                            "&baseline_match=comm%3Dnofp_chain&diff=1&cmp=side")
+    assert page.input_value("#compare-mode") == "side"
+    for k in ("a", "b"):
+        page.wait_for_function(f"document.getElementById('side-{k}-head').dataset.total"
+                               " !== undefined", timeout=DRAWN_MS)
+    assert page.locator("#diff").is_hidden()
+    for k, comm, mine, other in (("a", "nofp_chain", "recurse", "work_a"),
+                                 ("b", "cpu_shares", "work_a", "recurse")):
+        head = page.locator(f"#side-{k}-head")
+        span = {e: head.get_attribute(f"data-{e}") or "" for e in ("from", "to")}
+        want = api(c, "/api/v1/tree", type="cpu", match=f"comm={comm}", max_nodes="5000", **span)
+        shown = frames(page, f"side-{k}")
+        assert int(head.get_attribute("data-total") or -1) == want["total"]
+        assert shown[0]["d"] == 0 and shown[0]["v"] == want["tree"]["value"]
+        assert {f["n"] for f in shown if f["d"] == 1} == {
+            t["name"] for t in want["tree"]["children"]
+            if t["value"] / want["tree"]["value"] * shown[0]["w"] >= 0.5}
+        names = {f["n"] for f in shown}
+        assert mine in names and other not in names, (k, sorted(names)[:20])
+        assert f"total {want['total']} samples" in head.inner_text()  # on-CPU: a count
+    # a click on a function marks it in both graphs (a search, in the URL)
+    click_frame(page, max(named(page, "work_a", "side-b"), key=lambda f: f["w"]), "side-b")
+    page.wait_for_function("location.search.includes('search=')")
+    page.wait_for_function("window.ember.frames('side-b').some(f => f.match)", timeout=DRAWN_MS)
+    assert {f["n"] for f in frames(page, "side-b") if f["match"]} == {"work_a"}
+    # the differential graph from the same choice
+    page.select_option("#compare-mode", "diff")
+    page.click("#compare")
+    page.wait_for_function("!location.search.includes('cmp=side')")
+    page.frame_locator("#diff").locator("#title").wait_for(timeout=DRAWN_MS)
+    assert page.locator("#side").is_hidden()
+    page.context.close()
+
+
+def test_timeline_series_per_label_value_and_brush(views: Views) -> None:
+    c = views.collector
+    page = open_page(views, "?by=comm")
+    drawn(page, "work_b")
+    page.wait_for_function("document.querySelectorAll('#series-legend .series').length >= 3",
+                           timeout=DRAWN_MS)
+    assert page.input_value("#series-by") == "comm"
+    assert page.locator("#timeline canvas").count() >= 1  # uPlot drew it
+    shown = dict(page.eval_on_selector_all(
+        "#series-legend .series[data-value]",
+        "bs => bs.map(b => [b.dataset.value, +b.dataset.total])"))
+    assert {"cpu_shares", "nofp_chain"} <= set(shown)
+    # each value's total is its own tree's (the timeline sums the profiles'
+    # samples; the tree, the stacks' rows), over the same range
+    answer = api(c, "/api/v1/timeline", type="cpu", by="comm", buckets="120")
+    span = {"from": str(answer["start"]), "to": str(answer["end"])}
+    for value, total in shown.items():
+        tree = api(c, "/api/v1/tree", type="cpu", match=f"comm={value}", max_nodes="1", **span)
+        assert total == tree["total"], (value, total, tree["total"])
+    legend = page.locator("#series-legend .series").all()
+    assert sum(sum(s["values"]) for s in answer["series"]) == sum(
+        int(b.get_attribute("data-total") or 0) for b in legend)
+    # a value's button filters on it
+    page.locator("#series-legend .series[data-value='cpu_shares']").click()
+    page.wait_for_function("window.ember.state.matchers.includes('comm=cpu_shares')")
+    _check(page, c, ["comm=cpu_shares"])
+    # a drag on the chart picks that part of the range: the graph shows its total
+    over = page.locator("#timeline .u-over").bounding_box()
+    assert over is not None
+    page.mouse.move(over["x"] + over["width"] * 0.5, over["y"] + over["height"] / 2)
+    page.mouse.down()
+    page.mouse.move(over["x"] + over["width"] * 0.99, over["y"] + over["height"] / 2, steps=5)
+    page.mouse.up()
+    page.wait_for_function("location.search.includes('from=')")
+    state = page.evaluate("window.ember.state")
+    lo, hi = int(state["from"]), int(state["to"])
+    assert answer["start"] < lo < hi <= answer["end"] + 10**9
+    want = api(c, "/api/v1/tree", type="cpu", match="comm=cpu_shares", max_nodes="1",
+               **{"from": str(lo), "to": str(hi)})["total"]
+    page.wait_for_function(
+        "v => { const g = window.ember.frames('graph')[0];"
+        " return g !== undefined && g.v === v"
+        " && document.getElementById('loading').classList.contains('hidden'); }",
+        arg=want, timeout=DRAWN_MS)
+    # a new page with the URL: the same series and range
+    other = open_page(views, page.url[len(views.url):])
+    other.wait_for_function("document.querySelectorAll('#series-legend .series').length >= 1",
+                            timeout=DRAWN_MS)
+    assert other.input_value("#series-by") == "comm"
+    other.context.close()
+    page.context.close()

@@ -95,5 +95,5 @@ def test_page_markup_keeps_the_token_out_of_urls_and_graphs(collector: Collector
         assert "allow-scripts" in (frame.get("sandbox") or "")
         assert "allow-same-origin" not in (frame.get("sandbox") or "allow-same-origin")
     # everything from the collector itself: no CDN
-    assert [a.get("src") for a in of["script"]] == ["/ui/app.js"]
-    assert [a.get("href") for a in of["link"]] == ["/ui/style.css"]
+    assert [a.get("src") for a in of["script"]] == ["/vendor/uPlot.iife.min.js", "/ui/app.js"]
+    assert [a.get("href") for a in of["link"]] == ["/vendor/uPlot.min.css", "/ui/style.css"]

@@ -19,7 +19,6 @@
 (function () {
   "use strict";
   var $ = function (id) { return document.getElementById(id); };
-  var SVGNS = "http://www.w3.org/2000/svg";
   var TYPES = ["cpu", "offcpu", "hotcold", "runqlat", "wakeup", "offwake"];
   var VIEWS = ["flame", "icicle", "sandwich"];
   var THEMES = ["", "light", "dark"];
@@ -54,7 +53,7 @@
   function defaults() {
     return { type: "cpu", since: DEFAULT_SINCE, from: null, to: null, matchers: [], focus: [],
              search: "", view: "flame", theme: "", sort: "self", rev: false, tq: "",
-             baseline: "previous", baselineMatch: "", diff: false, fn: "" };
+             baseline: "previous", baselineMatch: "", diff: false, cmp: "diff", fn: "", by: "" };
   }
   var state = defaults();
   var lastRange = null;   // {start, end, values} of the last timeline
@@ -72,6 +71,7 @@
     if (s.search) p.set("search", s.search);
     if (s.view !== "flame") p.set("view", s.view);
     if (s.fn) p.set("fn", s.fn);
+    if (s.by) p.set("by", s.by);
     if (s.theme) p.set("theme", s.theme);
     if (s.sort !== "self") p.set("sort", s.sort);
     if (s.rev) p.set("rev", "1");
@@ -79,6 +79,7 @@
     if (s.baseline !== "previous") p.set("baseline", s.baseline);
     if (s.baselineMatch) p.set("baseline_match", s.baselineMatch);
     if (s.diff) p.set("diff", "1");
+    if (s.cmp !== "diff") p.set("cmp", s.cmp);
     return p.toString();
   }
   function fromQuery(search) {
@@ -95,6 +96,7 @@
     s.search = p.get("search") || "";
     s.view = pick(p.get("view"), VIEWS, s.view);
     s.fn = p.get("fn") || "";
+    s.by = /^[A-Za-z_][A-Za-z0-9_.-]{0,63}$/.test(p.get("by") || "") ? p.get("by") : "";
     s.theme = pick(p.get("theme") || "", THEMES, s.theme);
     s.sort = pick(p.get("sort"), SORTS, s.sort);
     s.rev = p.get("rev") === "1";
@@ -102,6 +104,7 @@
     s.baseline = pick(p.get("baseline"), ["previous", "labels"], s.baseline);
     s.baselineMatch = p.get("baseline_match") || "";
     s.diff = p.get("diff") === "1";
+    s.cmp = pick(p.get("cmp"), ["diff", "side"], s.cmp);
     return s;
   }
   // A person's choice: a new history entry (or, while typing, the same one).
@@ -252,9 +255,11 @@
     $("diff").classList.add("hidden");
     graphData = topData = lastRange = swData = null;
     unpaint($("graph"));
+    sideData = { a: null, b: null }; drawSide();
     ["callers", "callees"].forEach(function (id) { unpaint($(id)); $(id + "-head").textContent = ""; });
     clear($("top-rows")); $("top-spacer").style.height = "0px"; $("top-count").textContent = "";
-    clear($("timeline"));
+    if (chart) { chart.destroy(); chart = null; }
+    clear($("timeline")); clear($("series-legend"));
     clear($("label-name")); clear($("label-value"));
     $("matched").textContent = ""; $("subtitle").textContent = "";
     $("lost-banner").classList.add("hidden");
@@ -330,6 +335,18 @@
   function pct(v, whole) { return whole ? (100 * v / whole).toFixed(2) + "%" : "0%"; }
 
   // --- labels and filters ---
+  var labelNames = [];
+  function syncBy() { // the series-by choices: every label, and the one in the URL
+    var sel = $("series-by"), names = labelNames.slice();
+    if (state.by && names.indexOf(state.by) < 0) names.push(state.by);
+    if (sel.options.length !== names.length + 1) {
+      while (sel.options.length > 1) sel.remove(1);
+      names.forEach(function (n) {
+        var o = document.createElement("option"); o.value = o.textContent = n; sel.appendChild(o);
+      });
+    }
+    sel.value = state.by;
+  }
   function fillLabels(j) {
     var sel = $("label-name");
     clear(sel);
@@ -337,6 +354,8 @@
       var o = document.createElement("option"); o.value = o.textContent = n; sel.appendChild(o);
     });
     sel.value = j.labels.indexOf("comm") >= 0 ? "comm" : sel.value;
+    labelNames = j.labels.filter(function (n) { return n !== "__name__"; });
+    syncBy();
     loadValues();
   }
   // The values of the chosen label. Only the latest request's answer fills
@@ -391,41 +410,95 @@
     });
   }
 
-  // --- the timeline: samples over the whole range, a brush picks a part ---
+  // --- the timeline: samples over the whole range, one series per value of
+  // a label (by=), drawn by uPlot; dragging on it picks a part (a brush) ---
+  var SERIES_MAX = 10; // the biggest values; the rest are one "other" series
+  var PALETTE = ["#e8710a", "#1a73e8", "#12b5cb", "#e52592", "#9334e6", "#188038",
+                 "#f9ab00", "#5f6368", "#a142f4", "#d93025", "#80868b"];
+  var chart = null;
   function loadTimeline() {
     var p = params({ type: dataType(), buckets: 120 });
     p.delete("from"); p.delete("to"); p.set("since", state.since);
+    if (state.by) p.set("by", state.by);
     var path = "/api/v1/timeline?" + p;
     var f = fetchSlot("timeline", path, path, json);
     if (f) f.then(function (j) { lastRange = j; drawTimeline(); }).catch(quiet);
     else drawTimeline();
   }
-  function drawTimeline() {
-    var svg = $("timeline"), j = lastRange;
-    clear(svg);
-    if (!j) return;
-    var w = 1000, h = 60, n = j.values.length;
-    var max = Math.max.apply(null, j.values.concat([1]));
-    svg.setAttribute("viewBox", "0 0 " + w + " " + h);
-    j.values.forEach(function (v, i) {
-      var bh = (v / max) * (h - 4);
-      var r = rect("bar", i * w / n, h - bh, Math.max(1, w / n - 1), bh);
-      var t = document.createElementNS(SVGNS, "title"); t.textContent = String(v);
-      r.appendChild(t);
-      svg.appendChild(r);
-    });
-    if (state.from !== null) {
-      var x0 = (Number(state.from) - j.start) / (j.end - j.start) * w;
-      var x1 = (Number(state.to) - j.start) / (j.end - j.start) * w;
-      svg.appendChild(rect("sel", x0, 0, Math.max(1, x1 - x0), h));
-    }
+  // [{value, values, total}]: every value of the label, the biggest first,
+  // past SERIES_MAX summed as one "other".
+  function seriesOf(j) {
+    var total = function (vs) { return vs.reduce(function (a, b) { return a + b; }, 0); };
+    if (!j.series) return [{ value: null, values: j.values, total: total(j.values) }];
+    var all = j.series.map(function (s) { return { value: s.value, values: s.values, total: total(s.values) }; });
+    all.sort(function (a, b) { return b.total - a.total || (a.value < b.value ? -1 : 1); });
+    if (all.length <= SERIES_MAX + 1) return all;
+    var rest = all.slice(SERIES_MAX), values = rest[0].values.map(function () { return 0; });
+    rest.forEach(function (s) { s.values.forEach(function (v, i) { values[i] += v; }); });
+    return all.slice(0, SERIES_MAX).concat([{ value: null, other: rest.length, values: values,
+                                              total: total(values) }]);
   }
-  function rect(cls, x, y, w, h) {
-    var r = document.createElementNS(SVGNS, "rect");
-    if (cls) r.setAttribute("class", cls);
-    r.setAttribute("x", x); r.setAttribute("y", y);
-    r.setAttribute("width", w); r.setAttribute("height", h);
-    return r;
+  function drawTimeline() {
+    var box = $("timeline"), j = lastRange;
+    if (chart) { chart.destroy(); chart = null; }
+    clear(box); clear($("series-legend"));
+    if (!j) return;
+    if (typeof window.uPlot !== "function") {
+      box.textContent = "The timeline's chart library is not built here (make web).";
+      return;
+    }
+    var list = seriesOf(j), n = j.values.length, xs = [];
+    for (var i = 0; i < n; i++) xs.push((j.start + (i + 0.5) * j.bucket_ns) / 1e9);
+    var fg = getComputedStyle(document.body).color;
+    var one = list.length === 1 && list[0].value === null && !list[0].other;
+    var bars = window.uPlot.paths.bars({ size: [0.9, 40] });
+    chart = new window.uPlot({
+      width: Math.max(300, box.clientWidth), height: state.by ? 140 : 90,
+      legend: { show: false },
+      scales: { x: { time: true, range: [j.start / 1e9, j.end / 1e9] } },
+      axes: [{ stroke: fg, grid: { show: false } },
+             { stroke: fg, size: 56, grid: { stroke: "rgba(128,128,128,0.2)" } }],
+      series: [{}].concat(list.map(function (s, k) {
+        var c = PALETTE[Math.min(k, PALETTE.length - 1)];
+        return one ? { label: "samples", stroke: c, fill: c, paths: bars, points: { show: false } }
+          : { label: label(s), stroke: c, width: 1.5, points: { show: false } };
+      })),
+      cursor: { drag: { x: true, y: false, setScale: false } },
+      hooks: { setSelect: [function (u) {
+        if (u.select.width < 3) return;
+        var a = u.posToVal(u.select.left, "x"), b = u.posToVal(u.select.left + u.select.width, "x");
+        go({ from: String(Math.round(a * 1e9)), to: String(Math.round(b * 1e9)) });
+      }] }
+    }, [xs].concat(list.map(function (s) { return s.values; })), box);
+    box.dataset.series = String(list.length);
+    if (state.from !== null) { // the picked part, shown on the whole range
+      var x0 = chart.valToPos(Number(state.from) / 1e9, "x"), x1 = chart.valToPos(Number(state.to) / 1e9, "x");
+      chart.setSelect({ left: x0, width: Math.max(1, x1 - x0), top: 0, height: chart.over.clientHeight }, false);
+    }
+    if (!one) legend(list);
+  }
+  function label(s) {
+    return s.other ? "other (" + s.other + " values)" : s.value === "" ? "(no " + state.by + ")" : s.value;
+  }
+  // Each series' value, total and share; a click filters on that value.
+  function legend(list) {
+    var box = $("series-legend"), all = list.reduce(function (a, s) { return a + s.total; }, 0);
+    list.forEach(function (s, k) {
+      var b = document.createElement("button");
+      b.className = "series";
+      b.dataset.total = String(s.total);
+      if (s.value !== null) b.dataset.value = s.value;
+      var sw = document.createElement("span");
+      sw.className = "swatch"; sw.style.background = PALETTE[Math.min(k, PALETTE.length - 1)];
+      b.appendChild(sw);
+      b.appendChild(document.createTextNode(shown(label(s)) + " " + pct(s.total, all)));
+      b.title = s.value === null ? "" : "show only " + state.by + "=" + s.value;
+      b.disabled = s.value === null;
+      b.addEventListener("click", function () {
+        go({ matchers: state.matchers.concat([state.by + "=" + s.value]), focus: [] });
+      });
+      box.appendChild(b);
+    });
   }
 
   // --- the flame graph (and icicle), drawn here from the tree ---
@@ -767,6 +840,11 @@
       box.appendChild(b);
     });
   }
+  ["side-a", "side-b"].forEach(function (id) { // a click: that function, marked in both
+    pointer($(id), function (i, it) {
+      if (it.depth > 1) go({ search: "^" + escapeRegex(it.node.name) + "$" });
+    });
+  });
   pointer($("graph"), function (i) {
     if (i > 0) go({ focus: state.focus.concat(pathOf(i)) }); // (the root: already the view)
   });
@@ -854,30 +932,88 @@
   }
   function escapeRegex(s) { return s.replace(/[.*+?^${}()|[\]\\]/g, "\\$&"); }
 
-  // --- compare ---
-  function loadDiff() {
-    var f = $("diff");
-    f.classList.toggle("hidden", !state.diff);
-    $("hide-diff").classList.toggle("hidden", !state.diff);
-    if (!state.diff) { slot("diff").key = null; setBlob(f, null); return; }
-    var key = JSON.stringify([params().toString(), state.baseline, state.baselineMatch]);
-    var p = new URLSearchParams();
-    p.set("type", dataType());
+  // --- compare: the baseline (A) against this view (B), as one differential
+  // graph drawn by the server, or as two flame graphs side by side ---
+  function compared() { // {a, b}: each a range and its matchers
     var now = Date.now() * 1e6;
     var end = state.from !== null ? Number(state.to) : now;
     var start = state.from !== null ? Number(state.from) : now - sinceNs();
-    p.set("b_from", Math.round(start)); p.set("b_to", Math.round(end));
-    state.matchers.forEach(function (m) { p.append("b_match", m); });
-    if (state.baseline === "previous") {
-      p.set("a_from", Math.round(start - (end - start))); p.set("a_to", Math.round(start));
-      state.matchers.forEach(function (m) { p.append("a_match", m); });
-    } else {
-      p.set("a_from", Math.round(start)); p.set("a_to", Math.round(end));
-      if (state.baselineMatch) p.append("a_match", state.baselineMatch);
+    var b = { from: Math.round(start), to: Math.round(end), match: state.matchers };
+    var a = state.baseline === "previous" ?
+      { from: Math.round(start - (end - start)), to: Math.round(start), match: state.matchers } :
+      { from: b.from, to: b.to, match: state.baselineMatch ? [state.baselineMatch] : [] };
+    return { a: a, b: b };
+  }
+  function loadDiff() {
+    var f = $("diff"), side = state.cmp === "side";
+    f.classList.toggle("hidden", !state.diff || side);
+    $("side").classList.toggle("hidden", !state.diff || !side);
+    $("hide-diff").classList.toggle("hidden", !state.diff);
+    $("compare-hint").textContent = side ?
+      "Each graph's widths are shares of its own total; the headings give both totals." :
+      "Red: grew compared with the baseline; blue: shrank.";
+    if (!state.diff || side) { slot("diff").key = null; setBlob(f, null); }
+    if (!state.diff || !side) {
+      ["a", "b"].forEach(function (k) { slot("side-" + k).key = null; sideData[k] = null; });
+      drawSide();
     }
+    if (!state.diff) return;
+    var key = JSON.stringify([params().toString(), state.baseline, state.baselineMatch]);
+    var c = compared();
+    if (side) { loadSide(key, c); return; }
+    var p = new URLSearchParams();
+    p.set("type", dataType());
+    ["a", "b"].forEach(function (k) {
+      p.set(k + "_from", c[k].from); p.set(k + "_to", c[k].to);
+      c[k].match.forEach(function (m) { p.append(k + "_match", m); });
+    });
     p.set("width", Math.max(300, f.clientWidth - 24 || 1200));
     var req = fetchSlot("diff", key, "/api/v1/diff?" + p, blob);
     if (req) req.then(function (b) { setBlob(f, b); }).catch(report);
+  }
+  var sideData = { a: null, b: null };
+  function loadSide(key, c) {
+    drawSide(); // what it has, with this view's search marked
+    ["a", "b"].forEach(function (k) {
+      var p = new URLSearchParams();
+      p.set("type", dataType());
+      p.set("from", c[k].from); p.set("to", c[k].to);
+      c[k].match.forEach(function (m) { p.append("match", m); });
+      p.set("max_nodes", MAX_NODES);
+      var req = fetchSlot("side-" + k, key, "/api/v1/tree?" + p, json);
+      if (!req) return;
+      req.then(function (j) {
+        j.range = c[k];
+        sideData[k] = j; drawSide();
+      }).catch(function (e) {
+        if (e.message === SILENT) return;
+        sideData[k] = { error: e.status === 404 ? "nothing stored for this range and labels" : e.message,
+                        range: c[k] };
+        drawSide();
+      });
+    });
+  }
+  function drawSide() {
+    var width = Math.max(200, Math.floor(($("side").clientWidth - 16) / 2));
+    ["a", "b"].forEach(function (k) {
+      var j = sideData[k], canvas = $("side-" + k), head = $("side-" + k + "-head");
+      unpaint(canvas);
+      head.textContent = "";
+      delete head.dataset.total;
+      if (!j) return;
+      var what = (k === "a" ? "Baseline: " : "This view: ") +
+        new Date(j.range.from / 1e6).toLocaleTimeString() + " \u2013 " +
+        new Date(j.range.to / 1e6).toLocaleTimeString() +
+        (j.range.match.length ? ", " + j.range.match.join(", ") : "");
+      if (j.error) { head.textContent = what + " \u2014 " + j.error; return; }
+      head.textContent = what + " \u2014 total " + fmt(j.total, j.unit);
+      head.dataset.total = String(j.total);
+      head.dataset.from = String(j.range.from); head.dataset.to = String(j.range.to);
+      paint(canvas, j.tree, width, state.view === "icicle", "", function (node, name) {
+        return name + " \u2014 " + fmt(node.value, j.unit) + ", " + pct(node.value, j.total) +
+          (node.self ? " (self " + fmt(node.self, j.unit) + ")" : "");
+      });
+    });
   }
   function sinceNs() {
     var m = /^([0-9]+)(s|m|h|d)$/.exec(state.since);
@@ -903,6 +1039,8 @@
     if (!typing("search")) $("search").value = state.search;
     if (!typing("top-filter")) $("top-filter").value = state.tq;
     $("baseline").value = state.baseline;
+    $("compare-mode").value = state.cmp;
+    syncBy();
     if (!typing("baseline-match")) $("baseline-match").value = state.baselineMatch;
     var kind = KINDS[state.type];
     var sub = $("subtitle");
@@ -931,25 +1069,6 @@
     loadDiff();
   }
 
-  // timeline brushing
-  (function () {
-    var svg = $("timeline"), downX = null;
-    function frac(e) {
-      var r = svg.getBoundingClientRect();
-      return Math.min(1, Math.max(0, (e.clientX - r.left) / r.width));
-    }
-    svg.addEventListener("mousedown", function (e) { downX = frac(e); });
-    svg.addEventListener("mouseup", function (e) {
-      if (downX === null || !lastRange) return;
-      var a = Math.min(downX, frac(e)), b = Math.max(downX, frac(e));
-      downX = null;
-      if (b - a < 0.005) return;
-      var span = lastRange.end - lastRange.start;
-      go({ from: String(Math.round(lastRange.start + a * span)),
-           to: String(Math.round(lastRange.start + b * span)) });
-    });
-  })();
-
   $("type").addEventListener("change", function () { go({ type: this.value, focus: [] }); });
   $("since").addEventListener("change", function () {
     go({ since: this.value, from: null, to: null });
@@ -968,6 +1087,7 @@
   $("add-filter").addEventListener("click", addFilter);
   $("label-regex").addEventListener("keydown", function (e) { if (e.key === "Enter") addFilter(); });
   $("whole-range").addEventListener("click", function () { go({ from: null, to: null }); });
+  $("series-by").addEventListener("change", function () { go({ by: this.value }); });
   $("reset-zoom").addEventListener("click", function () { go({ focus: [] }); });
   $("search").addEventListener("keydown", function (e) {
     if (e.key === "Enter") go({ search: this.value.trim() });
@@ -1002,7 +1122,9 @@
   });
   $("compare").addEventListener("click", function () {
     slot("diff").key = null; // asked again, even for the same view: "now" moved on
-    go({ diff: true, baseline: $("baseline").value, baselineMatch: $("baseline-match").value.trim() });
+    slot("side-a").key = slot("side-b").key = null;
+    go({ diff: true, baseline: $("baseline").value, baselineMatch: $("baseline-match").value.trim(),
+         cmp: $("compare-mode").value });
   });
   $("hide-diff").addEventListener("click", function () { go({ diff: false }); });
   $("reload").addEventListener("click", function () { dropSlots(); render(); });
@@ -1013,7 +1135,7 @@
   var resizing = null;
   window.addEventListener("resize", function () {
     clearTimeout(resizing);
-    resizing = setTimeout(function () { drawGraph(); drawRows(true); }, 100);
+    resizing = setTimeout(function () { drawGraph(); drawRows(true); drawSide(); }, 100);
   });
 
   // What the tests read: the frames of a graph as drawn (page coordinates
