@@ -136,7 +136,11 @@ class Api:
         self.store = store
         self.on_skip = on_skip  # hears of stored profiles a merge left out
         self.index = Index(store)
-        self.cache = Cache()
+        self.cache: Cache[Tree] = Cache()
+        # The sums of a range, for its two trees: the flame graph's (values as
+        # folded output gives them) and the table's and sandwich's (the last
+        # sample type), asked for at once as a page opens: one merge.
+        self.sums: Cache[Aggregate] = Cache(2)
         self.windows = Windows()
         self.routes: dict[str, Route] = {
             "/api/v1/profile": self._profile, "/api/v1/tree": self._tree_route,
@@ -188,7 +192,9 @@ class Api:
                self.store.generation)
 
         def build(generation: int) -> Made | None:
-            agg = self.store.aggregate(start, end, matchers, stored, by_name=True)
+            agg = self.sums.get((stored, start, end, matchers.key(), generation),
+                                lambda: self.store.aggregate(start, end, matchers, stored,
+                                                             by_name=True))
             if agg is None:
                 return None
             if self.on_skip is not None and agg.skipped:

@@ -27,7 +27,7 @@ import threading
 from array import array
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -423,19 +423,23 @@ def _saturated(a: npt.NDArray[Any]) -> npt.NDArray[np.int64]:
     return out
 
 
-class Cache:
-    """Trees by (query, store generation): a write makes older entries
-    unreachable, and the oldest go past ``size`` entries. Requests for a
-    tree being made wait for it rather than make it again (a page asks for
-    the flame graph and the table at once, and 8 clients ask alike)."""
+T = TypeVar("T")
+
+
+class Cache(Generic[T]):
+    """Trees (or the sums they are built from) by (query, store generation):
+    a write makes older entries unreachable, and the oldest go past ``size``
+    entries. Requests for one being made wait for it rather than make it
+    again (a page asks for the flame graph and the table at once, and 8
+    clients ask alike)."""
 
     def __init__(self, size: int = 8):
         self.size = size
         self._lock = threading.Lock()
-        self._items: dict[tuple[object, ...], Tree] = {}
+        self._items: dict[tuple[object, ...], T] = {}
         self._making: dict[tuple[object, ...], threading.Lock] = {}
 
-    def get(self, key: tuple[object, ...], make: Callable[[], Tree | None]) -> Tree | None:
+    def get(self, key: tuple[object, ...], make: Callable[[], T | None]) -> T | None:
         while True:
             with self._lock:
                 hit = self._items.get(key)
