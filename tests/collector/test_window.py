@@ -7,20 +7,15 @@ from __future__ import annotations
 import json
 import random
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from ember.agent.labels import ProcessLabels, series_labels
 from ember.collector.api import Api
 from ember.collector.server import Collector
 from ember.collector.store import Store
-from ember.collector.validate import DEFAULT_LIMITS, check_request
 from ember.config import CollectorConfig
-from ember.encode.writeraw import make_series
-from ember.proto import profilestore_pb2 as ps
-from tests.support.profiles import fleet_profile
+from tests.support.profiles import write_fleet
 
 S = 10**9
 T0 = (time.time_ns() // S - 3600) * S   # the first profile's start: an hour ago, kept
@@ -28,15 +23,7 @@ T0 = (time.time_ns() // S - 3600) * S   # the first profile's start: an hour ago
 
 def write(store: Store, rng: random.Random, at: int, pids: tuple[int, ...] = (10, 11, 12)) -> None:
     """One profile per pid starting ``at`` seconds after T0, lasting 1 s."""
-    series = []
-    for pid in pids:
-        labels = series_labels(fleet_profile(rng).type, ProcessLabels(pid=pid, comm="app"),
-                               {"host": f"h{pid % 2}"})
-        prof = replace(fleet_profile(rng, 30), start_ns=T0 + at * S, duration_ns=S,
-                       labels=labels)
-        series.append(make_series(prof)[0])
-    store.write(check_request(ps.WriteRawRequest(series=series), DEFAULT_LIMITS,
-                              T0 + (at + 1) * S))
+    write_fleet(store, rng, T0 + at * S, pids)
 
 
 def views(api: Api, lo: int, hi: int, match: str = "") -> tuple[bytes, bytes]:

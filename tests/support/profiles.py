@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import random
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
+from ember.agent.labels import ProcessLabels, series_labels
+from ember.collector.validate import DEFAULT_LIMITS, check_request
+from ember.encode.writeraw import make_series
 from ember.model import (
     KERNEL_MAPPING,
     OFFCPU_TYPE,
@@ -15,6 +19,10 @@ from ember.model import (
     Sample,
     cpu_type,
 )
+from ember.proto import profilestore_pb2 as ps
+
+if TYPE_CHECKING:
+    from ember.collector.store import Store
 
 EXE = Mapping(0x400000, 0x401000, 0, "/usr/bin/app", "abcd")
 LIB = Mapping(0x7F0000000000, 0x7F0000100000, 0x1000, "/lib/libfoo.so")
@@ -70,3 +78,18 @@ def fleet_profile(rng: random.Random, n: int = 60) -> Profile:
         samples.append(Sample(tuple(stack), (rng.randint(1, 9), rng.randint(1, 9) * 10**7),
                               10, tid, f"worker-{tid % 2}"))
     return replace(cpu_profile(), samples=tuple(samples))
+
+
+def write_fleet(store: Store, rng: random.Random, start_ns: int,
+                pids: tuple[int, ...] = (10, 11, 12)) -> None:
+    """One fleet_profile per pid (comm "app", host h0/h1) from ``start_ns``,
+    lasting 1 s, written to ``store`` as the collector writes a request."""
+    series = []
+    for pid in pids:
+        labels = series_labels(fleet_profile(rng).type, ProcessLabels(pid=pid, comm="app"),
+                               {"host": f"h{pid % 2}"})
+        prof = replace(fleet_profile(rng, 30), start_ns=start_ns, duration_ns=10**9,
+                       labels=labels)
+        series.append(make_series(prof)[0])
+    store.write(check_request(ps.WriteRawRequest(series=series), DEFAULT_LIMITS,
+                              start_ns + 10**9))

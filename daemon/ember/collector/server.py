@@ -35,7 +35,7 @@ from ..httpserve import Reply, Server, serve
 from ..metrics import CollectorMetrics
 from ..proto import profilestore_pb2 as ps
 from ..proto import profilestore_pb2_grpc as ps_grpc
-from . import web
+from . import index_file, web
 from .api import Api, error
 from .store import Store
 from .validate import InvalidRequest, Limits, check_request
@@ -140,6 +140,7 @@ class Collector:
         self._http: Server | None = None
         self._stop = threading.Event()
         self._closed = False
+        self._index_saved = 0  # nodes in the index file
 
     def authorized(self, header: str) -> bool:
         if not self.token:
@@ -190,15 +191,29 @@ class Collector:
     def _warm_index(self) -> None:
         """The query index over every stored stack, built now rather than
         by the first query (seconds for a fleet's hour); queries arriving
-        meanwhile wait for it, writes do not."""
+        meanwhile wait for it, writes do not. From the one saved beside the
+        store when there is one (index_file.py): only what it lacks is added."""
         began = time.monotonic()
+        index, path = self.api.index, index_file.path_for(self.cfg.storage)
+        loaded = self._index_saved = index_file.load(index, path) if path is not None else 0
         try:
-            n = self.api.index.warm()
+            n = index.warm()
         except StorageError as exc:   # the first query builds what it needs
             log.warning("collector: query index not built ahead: %s", exc)
             return
-        log.info("collector: query index of %d stacks built in %.1f s", n,
-                 time.monotonic() - began)
+        log.info("collector: query index of %d stacks built in %.1f s (%d nodes loaded from %s)",
+                 n, time.monotonic() - began, loaded, path)
+        if len(index) != loaded:
+            self._save_index()
+
+    def _save_index(self) -> None:
+        path = index_file.path_for(self.cfg.storage)
+        if path is None or len(self.api.index) == self._index_saved:
+            return
+        try:
+            self._index_saved = index_file.save(self.api.index, path)
+        except OSError as exc:  # a full disk: the next start builds it again
+            log.warning("collector: query index not saved to %s: %s", path, exc)
 
     def storage_refused(self, exc: StorageError) -> None:
         """A write the store refused: logged at the first of a run, shown by
@@ -241,6 +256,7 @@ class Collector:
         if self._http is not None:
             self._http.shutdown()
             self._http.server_close()
+        self._save_index()
         self.store.close()
 
     # --- HTTP ---
