@@ -469,7 +469,9 @@
         var a = u.posToVal(u.select.left, "x"), b = u.posToVal(u.select.left + u.select.width, "x");
         go({ from: String(Math.round(a * 1e9)), to: String(Math.round(b * 1e9)) });
       }] }
-    }, [xs].concat(list.map(function (s) { return s.values; })), box);
+    }, [xs].concat(list.map(function (s) { // (empty slices: no bar, not a flat one)
+      return one ? s.values.map(function (v) { return v || null; }) : s.values;
+    })), box);
     box.dataset.series = String(list.length);
     if (state.from !== null) { // the picked part, shown on the whole range
       var x0 = chart.valToPos(Number(state.from) / 1e9, "x"), x1 = chart.valToPos(Number(state.to) / 1e9, "x");
