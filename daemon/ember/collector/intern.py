@@ -18,8 +18,10 @@ from __future__ import annotations
 import hashlib
 import json
 from array import array
+from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from itertools import chain
 
 import numpy as np
 import numpy.typing as npt
@@ -138,15 +140,15 @@ class Interner:
             sid = series_id(key)
             rows.new_series[sid] = key
         tid_type = type_id(type_)
-        locs = self._locations_of(p, rows)
+        # (an id no location has: no frames, as a query reads it)
+        frames_at = defaultdict(tuple, self._locations_of(p, rows)).__getitem__
         st = p.string_table
         nvalues = len(p.sample_type)
         merged: dict[tuple[int, int], list[int]] = {}
         tnames: dict[int, int] = {}
         for x in p.sample:
-            ids: list[int] = []
-            for lid in reversed(x.location_id):  # root first
-                ids.extend(locs.get(lid, ()))
+            # root first; (map, chain: a loop in C, not here, per frame)
+            ids = list(chain.from_iterable(map(frames_at, reversed(x.location_id))))
             stk = stack_id(ids)
             if stk not in self.stacks and stk not in rows.new_stacks:
                 rows.new_stacks[stk] = tuple(ids)
@@ -189,20 +191,15 @@ class Interner:
     def _locations_of(self, p: pb.Profile, rows: Rows) -> dict[int, tuple[int, ...]]:
         """location id -> its frame ids, root first (a pprof location lists
         its inlined functions innermost first)."""
-        st = p.string_table
-        mappings = {m.id: m for m in p.mapping}
-        functions = {f.id: f for f in p.function}
+        st = list(p.string_table)  # a list indexes far faster than the message
+        mkeys = {m.id: (m.memory_start, m.memory_limit, m.file_offset, st[m.filename],
+                        st[m.build_id], m.has_functions) for m in p.mapping}
+        fkeys = {f.id: (st[f.name], st[f.system_name], st[f.filename]) for f in p.function}
         out: dict[int, tuple[int, ...]] = {}
         for loc in p.location:
-            m = mappings.get(loc.mapping_id)
-            mkey = None if m is None else (m.memory_start, m.memory_limit, m.file_offset,
-                                           st[m.filename], st[m.build_id], m.has_functions)
-            lines = []
-            for ln in loc.line:
-                f = functions.get(ln.function_id)
-                lines.append((ln.line, None if f is None else
-                              (st[f.name], st[f.system_name], st[f.filename])))
-            key = (mkey, loc.address, tuple(lines))
+            mkey = mkeys.get(loc.mapping_id)
+            lines = tuple((ln.line, fkeys.get(ln.function_id)) for ln in loc.line)
+            key = (mkey, loc.address, lines)
             ids = self._locations.get(key) or rows.new_locations.get(key)
             if ids is None:
                 frames = location_frames(st, loc, mkey, lines)
