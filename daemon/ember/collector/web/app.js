@@ -684,7 +684,7 @@
       var name = depth === 0 && rootName ? rootName : node.name;
       items.push({ node: node, x: x, w: w, depth: depth, parent: parent,
                    name: shown(name), // searched as stored, drawn as the server's SVG draws it
-                   match: rx !== null && depth > 0 && rx.test(name) });
+                   match: rx !== null && (depth > 0 || rootName !== "") && rx.test(name) });
       if (depth > maxDepth) maxDepth = depth;
       var cx = x;
       node.children.forEach(function (c) { walk(c, cx, depth + 1, i); cx += c.value * scale; });
@@ -1137,7 +1137,7 @@
   var resizing = null;
   window.addEventListener("resize", function () {
     clearTimeout(resizing);
-    resizing = setTimeout(function () { drawGraph(); drawRows(true); drawSide(); }, 100);
+    resizing = setTimeout(function () { drawGraph(); drawRows(true); drawSide(); drawTimeline(); }, 100);
   });
 
   // What the tests read: the frames of a graph as drawn (page coordinates
