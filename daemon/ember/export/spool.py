@@ -254,25 +254,24 @@ class Spool:
         with self._lock:
             if entry.held:
                 self._held.pop(entry.path.name, None)
-                self.quarantined += 1
-                self.on_quarantine()
+                self._count_quarantined()
                 log.error("spool %s: dropping held request %s: %s", self.dir,
                           entry.path.name, reason)
                 return
             self._quarantine(entry.path, reason)
 
     def _quarantine(self, path: Path, reason: str) -> None:
-        self.quarantined += 1
-        self.on_quarantine()
         where = self.dir / QUARANTINE
         try:
             where.mkdir(mode=0o700, exist_ok=True)
             path.rename(where / path.name)
         except OSError as exc:
             self._stuck.add(path.name)
+            self._count_quarantined()
             log.error("spool %s: skipping %s (%s); it cannot be moved to %s either: %s",
                       self.dir, path.name, reason, where, exc.strerror or exc)
             return
+        self._count_quarantined()  # once it is moved: whoever reads the count finds it there
         log.error("spool %s: moved %s to %s: %s", self.dir, path.name, where, reason)
         kept = sorted(where.iterdir())
         for old in kept[:max(0, len(kept) - QUARANTINE_KEEP)]:
@@ -281,6 +280,10 @@ class Spool:
             else:
                 with contextlib.suppress(OSError):
                     old.unlink()
+
+    def _count_quarantined(self) -> None:
+        self.quarantined += 1
+        self.on_quarantine()
 
     def persist(self) -> Dropped:
         """At exit: write what is held in memory to disk; what the disk still
