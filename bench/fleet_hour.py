@@ -14,8 +14,10 @@ decoding is skipped, which bench/store_engine.py measures on its own.
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -134,3 +136,31 @@ def generate(store: Store, shape: Shape = Shape(), end_ns: int | None = None,
         if log and k % 60 == 59:
             print(f"  {k + 1}/{shape.intervals} intervals, {appended:,} rows", flush=True)
     return {"rows": appended, "seconds": spent, "rows_per_s": appended / spent}
+
+
+def scaled(scale: float) -> Shape:
+    """The fleet hour's shape at ``scale`` (1: 200,000 stacks, 25M rows)."""
+    return Shape(stacks=int(200_000 * scale), functions=max(1000, int(20_000 * scale)),
+                 rows=int(25_000_000 * scale), intervals=max(6, int(360 * scale)))
+
+
+def hour_at(path: Path, scale: float, copy_of: str | None = None) -> None:
+    """A fleet hour in a new store at ``path``: a copy of ``copy_of`` (a
+    store this module generated earlier; the collector's store writes, so
+    never the original) or generated at ``scale``."""
+    if copy_of:
+        shutil.copy(copy_of, path)
+        return
+    store = Store(path)
+    try:
+        generate(store, scaled(scale))
+    finally:
+        store.close()
+
+
+def extent(store: Store) -> tuple[str, int, int]:
+    """(the stored type, first start, last end) of a store's samples."""
+    with store.cursor() as cur:
+        row = cur.execute("SELECT min(time_ns), max(end_ns) FROM samples").fetchone()
+    assert row is not None
+    return store.types()[0], int(row[0]), int(row[1])

@@ -15,7 +15,6 @@ saved file first.
 from __future__ import annotations
 
 import argparse
-import shutil
 import signal
 import statistics
 import subprocess
@@ -25,21 +24,10 @@ import time
 import urllib.request
 from pathlib import Path
 
-from fleet_hour import Shape, generate
+from fleet_hour import extent, hour_at
 
 from common import EMBER, free_port, render, status_kb
 from ember.collector.store import Store
-
-
-def _extent(path: Path) -> tuple[str, int, int]:
-    store = Store(path)
-    try:
-        with store.cursor() as cur:
-            row = cur.execute("SELECT min(time_ns), max(end_ns) FROM samples").fetchone()
-        assert row is not None
-        return store.types()[0], int(row[0]), int(row[1])
-    finally:
-        store.close()
 
 
 def start(path: Path, tmp: Path, query: str) -> tuple[float, float, int]:
@@ -78,15 +66,10 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
         path = tmp / "store.duckdb"
-        if args.store:
-            shutil.copy(args.store, path)
-        else:
-            s = args.scale
-            store = Store(path)
-            generate(store, Shape(stacks=int(200_000 * s), functions=max(1000, int(20_000 * s)),
-                                  rows=int(25_000_000 * s), intervals=max(6, int(360 * s))))
-            store.close()
-        type_, first, last = _extent(path)
+        hour_at(path, args.scale, args.store)
+        store = Store(path)
+        type_, first, last = extent(store)
+        store.close()
         query = f"type={type_}&from={first}&to={last}&max_nodes=5000"
         saved = Path(str(path) + ".index.npz")
         built, loaded = [], []

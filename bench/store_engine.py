@@ -28,7 +28,7 @@ import urllib.request
 from dataclasses import replace
 from pathlib import Path
 
-from fleet_hour import Shape, generate
+from fleet_hour import generate, scaled
 
 from common import EMBER, free_port, render, status_kb
 from ember.agent.labels import ProcessLabels, series_labels
@@ -100,8 +100,7 @@ def main() -> int:
     ap.add_argument("--clients", type=int, default=8)
     args = ap.parse_args()
     s = args.scale
-    shape = Shape(stacks=int(200_000 * s), functions=max(1000, int(20_000 * s)),
-                  rows=int(25_000_000 * s), intervals=max(6, int(360 * s)))
+    shape = scaled(s)
     out = []
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "store.duckdb"

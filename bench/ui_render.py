@@ -23,7 +23,6 @@ drawn"), then again from the server's answer ("answer drawn").
 from __future__ import annotations
 
 import argparse
-import shutil
 import statistics
 import subprocess
 import sys
@@ -33,7 +32,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from fleet_hour import Shape, generate
+from fleet_hour import extent, hour_at
 
 from common import EMBER, free_port, render
 from ember.collector.store import Store
@@ -49,17 +48,6 @@ LAST = """() => {
   return [g.length, g[g.length - 1].startTime, p[p.length - 1].duration,
           window.ember.frames('graph').length];
 }"""
-
-
-def _extent(path: Path) -> tuple[str, int, int]:
-    store = Store(path)
-    try:
-        with store.cursor() as cur:
-            row = cur.execute("SELECT min(time_ns), max(end_ns) FROM samples").fetchone()
-        assert row is not None
-        return store.types()[0], int(row[0]), int(row[1])
-    finally:
-        store.close()
 
 
 def _marks(page: Any) -> tuple[int, float, float, int]:
@@ -109,15 +97,10 @@ def main() -> int:
 
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "store.duckdb"
-        if args.store:
-            shutil.copy(args.store, path)
-        else:
-            s = args.scale
-            store = Store(path)
-            generate(store, Shape(stacks=int(200_000 * s), functions=max(1000, int(20_000 * s)),
-                                  rows=int(25_000_000 * s), intervals=max(6, int(360 * s))))
-            store.close()
-        type_, first, last = _extent(path)
+        hour_at(path, args.scale, args.store)
+        store = Store(path)
+        type_, first, last = extent(store)
+        store.close()
         port, grpc_port = free_port(), free_port()
         log = Path(tmp) / "collector.log"
         proc = subprocess.Popen([*EMBER, "-v", "collector", "--storage", str(path),

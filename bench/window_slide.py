@@ -17,14 +17,13 @@ an API with nothing to slide from that shares the index.
 from __future__ import annotations
 
 import argparse
-import shutil
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from fleet_hour import Shape, generate
+from fleet_hour import extent, hour_at
 
 from common import render
 from ember.collector.api import Api
@@ -49,17 +48,9 @@ def main() -> int:
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "store.duckdb"
-        if args.store:
-            shutil.copy(args.store, path)
-        else:
-            s = args.scale
-            store = Store(path)
-            generate(store, Shape(stacks=int(200_000 * s), functions=max(1000, int(20_000 * s)),
-                                  rows=int(25_000_000 * s), intervals=max(6, int(360 * s))))
-            store.close()
+        hour_at(path, args.scale, args.store)
         store = Store(path)
-        type_ = store.types()[0]
-        first, last = _extent(store)
+        type_, first, last = extent(store)
         api = Api(store)
         began = time.perf_counter()
         leaves = api.index.warm()
@@ -87,14 +78,6 @@ def main() -> int:
                      ["", "", "ms", "ratio"], rows))
         store.close()
     return 0
-
-
-def _extent(store: Store) -> tuple[int, int]:
-    """(first start, last end) of the stored samples."""
-    with store.cursor() as cur:
-        row = cur.execute("SELECT min(time_ns), max(end_ns) FROM samples").fetchone()
-    assert row is not None
-    return int(row[0]), int(row[1])
 
 
 if __name__ == "__main__":
