@@ -140,6 +140,7 @@ class Collector:
         self._http: Server | None = None
         self._stop = threading.Event()
         self._closed = False
+        self._index_path = index_file.path_for(cfg.storage)
         self._index_saved = 0  # nodes in the index file
 
     def authorized(self, header: str) -> bool:
@@ -194,7 +195,7 @@ class Collector:
         meanwhile wait for it, writes do not. From the one saved beside the
         store when there is one (index_file.py): only what it lacks is added."""
         began = time.monotonic()
-        index, path = self.api.index, index_file.path_for(self.cfg.storage)
+        index, path = self.api.index, self._index_path
         loaded = self._index_saved = index_file.load(index, path) if path is not None else 0
         try:
             n = index.warm()
@@ -203,11 +204,11 @@ class Collector:
             return
         log.info("collector: query index of %d stacks built in %.1f s (%d nodes loaded from %s)",
                  n, time.monotonic() - began, loaded, path)
-        if len(index) != loaded:
-            self._save_index()
+        self._save_index()
 
     def _save_index(self) -> None:
-        path = index_file.path_for(self.cfg.storage)
+        """Write the index beside the store, unless the file already holds it."""
+        path = self._index_path
         if path is None or len(self.api.index) == self._index_saved:
             return
         try:
