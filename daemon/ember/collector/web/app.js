@@ -756,7 +756,6 @@
 
   // --- the sandwich: one function's callers (above, the function at their
   // bottom) and callees (below, the function at their top) ---
-  var swDrawn = { callers: [], callees: [] };
   function loadSandwich() {
     $("graph").classList.add("hidden");
     $("flame").classList.add("hidden");
@@ -792,7 +791,6 @@
     var totalText = $("subtitle-total");
     if (totalText) totalText.textContent = "";
     $("matched").textContent = "";
-    swDrawn = { callers: [], callees: [] };
     ["callers", "callees"].forEach(function (id) {
       unpaint($(id));
       $(id + "-head").textContent = "";
@@ -808,8 +806,8 @@
     $("callers-head").dataset.total = String(j.callers.value);
     $("callees-head").dataset.total = String(j.callees.value);
     $("callees-head").dataset.self = String(j.self);
-    swDrawn.callers = paint($("callers"), j.callers, width, false, "", swDescribe);
-    swDrawn.callees = paint($("callees"), j.callees, width, true, "", swDescribe);
+    paint($("callers"), j.callers, width, false, "", swDescribe);
+    paint($("callees"), j.callees, width, true, "", swDescribe);
     if (totalText) totalText.textContent = "Function " + name + ": " + fmt(j.total, j.unit) + " of " +
       fmt(j.all, j.unit) + " (" + pct(j.total, j.all) + "), self " + fmt(j.self, j.unit) +
       ", from " + j.profiles + " profile" + (j.profiles === 1 ? "" : "s") + ".";
