@@ -48,7 +48,7 @@ def test_a_full_disk_refuses_writes_and_keeps_reads(tmp_path: Path,
         assert store.count() == 1 and samples(store) == per_profile
         # the disk fills under the write itself (as when another process
         # takes the space between the check and the write)
-        monkeypatch.setattr(Store, "_check_disk", lambda self, incoming: None)
+        monkeypatch.setattr("ember.collector.store.check_disk", lambda path, incoming: None)
         os.truncate(filler, max(0, filler.stat().st_size - (96 << 10)))
         refused = 0
         for i in range(3, 200):

@@ -63,6 +63,7 @@ class Index:
         self._children: dict[int, int] = {}
         self._keys = np.zeros(0, np.uint64)       # sorted (thread name, stack) keys
         self._leaves = np.zeros(0, np.int64)      # their nodes
+        self._by_leaf = np.zeros(0, np.int64)     # node by the store's leaf id (-1: not yet)
         self._levels: list[npt.NDArray[np.int64]] = []
         self._levels_for = 0
         self._frame_names: dict[int, int] = {}
@@ -95,8 +96,31 @@ class Index:
         return node
 
     def leaves(self, agg: Aggregate) -> npt.NDArray[np.int64]:
-        """The node of each (thread name, stack) of an aggregate by name."""
-        return self._ensure(agg.thread, agg.stack)
+        """The node of each (thread name, stack) of an aggregate by name:
+        by the store's leaf ids, one array lookup, once each id is known."""
+        if agg.leaf is None:
+            return self._ensure(agg.thread, agg.stack)
+        return self._by_leaf_ids(agg.leaf, agg.thread, agg.stack)
+
+    def _by_leaf_ids(self, ids: npt.NDArray[np.uint32], thread: npt.NDArray[np.uint64],
+                     stack: npt.NDArray[np.uint64]) -> npt.NDArray[np.int64]:
+        leaf = ids.astype(np.int64)
+        with self._lock:
+            by_leaf = self._by_leaf
+        nodes = np.full(len(leaf), -1, np.int64)
+        inside = leaf < len(by_leaf)
+        nodes[inside] = by_leaf[leaf[inside]]
+        new = nodes < 0
+        if new.any():
+            nodes[new] = self._ensure(thread[new], stack[new])
+            with self._lock:
+                if len(self._by_leaf) <= int(leaf.max()):
+                    grown = np.full(max(int(leaf.max()) + 1, 2 * len(self._by_leaf)), -1,
+                                    np.int64)
+                    grown[:len(self._by_leaf)] = self._by_leaf
+                    self._by_leaf = grown
+                self._by_leaf[leaf[new]] = nodes[new]
+        return nodes
 
     def _ensure(self, thread: npt.NDArray[np.uint64],
                 stack: npt.NDArray[np.uint64]) -> npt.NDArray[np.int64]:
@@ -117,10 +141,12 @@ class Index:
         starts: the first query then finds the index built (for a fleet's
         hour, 800,000 leaves take seconds). In chunks, so what a chunk needs
         on the way (its stacks' frames) stays small. Returns the leaves."""
-        thread, stack = self.store.leaf_keys()
-        for i in range(0, len(stack), chunk):
-            self._ensure(thread[i:i + chunk], stack[i:i + chunk])
-        return len(stack)
+        leaf = self.store.stored_leaves()
+        for i in range(0, len(leaf), chunk):
+            ids = leaf[i:i + chunk]
+            thread, stack = self.store.leaves.pairs(ids)
+            self._by_leaf_ids(ids, thread, stack)
+        return len(leaf)
 
     def _lookup(self, keys: npt.NDArray[np.uint64]) -> tuple[npt.NDArray[np.int64],
                                                              npt.NDArray[np.bool_]]:

@@ -57,6 +57,7 @@ class Aggregate:
     values: tuple[npt.NDArray[np.int64], ...]   # one per sample type
     profiles: int
     skipped: dict[str, int]
+    leaf: npt.NDArray[np.uint32] | None = None   # by_name: the store's leaf ids
 
 
 def as_sent(store: Store, start_ns: int, end_ns: int, matchers: Matchers,

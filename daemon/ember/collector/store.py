@@ -17,7 +17,8 @@ A write the disk cannot take is refused before it starts (StorageFull, from
 the free space), and any other write failure rolls back whole (StorageError)
 while reads go on: the servicer answers a retryable status, and agents keep
 the request spooled. A store of the older SQLite format is converted when
-the collector opens it (legacy.py), and the old file is kept beside it.
+the collector opens it (legacy.py), and the old file is kept beside it; one
+of schema 2 gets its leaf ids (leaves.py) in place.
 """
 
 from __future__ import annotations
@@ -40,14 +41,16 @@ import numpy.typing as npt
 
 from ..encode.folded import clean
 from ..encode.pprof import profile_shape
-from ..errors import StorageError, StorageFull
+from ..errors import StorageError
 from ..model import ProfileType
 from .intern import Interner, Rows, ThreadKey, thread_name_id, type_id
+from .leaves import PERFECT_BITS, Leaves, Pending, upgrade
 from .matchers import Matchers, selector
 from .rows import Aggregate, Row, StoredProfile, as_sent
 from .tables import (
     SCHEMA,
     SCHEMA_VERSION,
+    check_disk,
     frame_columns,
     frame_of_row,
     one,
@@ -59,11 +62,6 @@ from .tables import (
 __all__ = ["Aggregate", "Row", "Store", "StoredProfile"]
 
 log = logging.getLogger(__name__)
-
-#: Space kept free on the store's disk beyond a write's own size: a commit
-#: writes its log first, and a checkpoint may need room for a few blocks.
-DISK_MARGIN = 8 << 20
-
 
 class Store:
     def __init__(self, path: str | Path, memory_limit: str = "256MB"):
@@ -77,6 +75,7 @@ class Store:
         self._shapes: dict[int, list[tuple[str, ProfileType]]] = {}   # type id -> shapes
         self._types: dict[str, int] = {}
         self.thread_names: dict[int, str] = {}   # thread name id -> name (cleaned)
+        self.leaves = Leaves()
         if self.path != ":memory:":
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
             from .legacy import convert_if_legacy  # a store of the older format
@@ -90,10 +89,18 @@ class Store:
             self._db.execute(f"SET memory_limit = '{self._memory_limit}'")
             self._db.execute("SET threads = 2")
             self._db.execute("SET preserve_insertion_order = false")
+            self._db.execute(f"SET GLOBAL perfect_ht_threshold = {PERFECT_BITS}")
             if not one(self._db.execute("SELECT COUNT(*) FROM information_schema.tables "
                                          "WHERE table_name = 'samples'")):
                 self._db.execute(SCHEMA)
                 self._db.execute("INSERT INTO meta VALUES ('schema', ?)", (SCHEMA_VERSION,))
+            version = self._db.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()
+            if version == ("2",):
+                log.warning("store %s: numbering its stacks (schema 3, once)", self.path)
+                upgrade(self._db)
+            elif version != (SCHEMA_VERSION,):
+                raise StorageError(f"{self.path}: a store of schema {version and version[0]}, "
+                                   f"not {SCHEMA_VERSION}: a newer collector wrote it")
             self._load()
         except duckdb.Error as exc:
             raise storage_error(f"{self.path}: cannot open the store", exc) from None
@@ -120,6 +127,7 @@ class Store:
                 "ORDER BY min(time_ns)").fetchall():
             self._note_type(type_, int(tid_), shape)
         self.interner = it
+        self.leaves.load(db)
 
     def _note_type(self, type_: str, tid: int, shape: str) -> None:
         self._types[type_] = tid
@@ -163,10 +171,13 @@ class Store:
 
     def _commit(self, rows: Rows, meta: list[tuple[StoredProfile, str]], now: int) -> None:
         """Write the rows of a request in one transaction (under the lock)."""
-        self._check_disk(sum(len(sp.data) for sp, _ in meta) * 4 + len(rows) * 64)
+        check_disk(self.path, sum(len(sp.data) for sp, _ in meta) * 4 + len(rows) * 64)
+        cols = rows.columns()
+        cols["leaf"], pending = self.leaves.ids(np.asarray(cols["tname"], np.uint64),
+                                                np.asarray(cols["stack"], np.uint64))
         try:
             self._db.execute("BEGIN TRANSACTION")
-            self._insert(rows, meta, now)
+            self._insert(rows, cols, pending, meta, now)
             self._db.execute("COMMIT")
         except BaseException as exc:
             self._rollback()
@@ -174,6 +185,7 @@ class Store:
                 raise storage_error("cannot store", exc) from None
             raise
         self.interner.commit(rows)
+        self.leaves.commit(pending)
         for key in rows.new_threads.values():
             self.thread_names.setdefault(thread_name_id(key[2]), clean(key[2]))
         for sid, labels in rows.new_series.items():
@@ -189,7 +201,8 @@ class Store:
         with self._lock:
             self._commit(rows, meta, time.time_ns())
 
-    def _insert(self, rows: Rows, meta: list[tuple[StoredProfile, str]], now: int) -> None:
+    def _insert(self, rows: Rows, cols: dict[str, Any], pending: Pending,
+                meta: list[tuple[StoredProfile, str]], now: int) -> None:
         db = self._db
         if rows.new_series:
             db.executemany("INSERT INTO series VALUES (?, ?, ?)",
@@ -221,30 +234,18 @@ class Store:
                 "received_ns": np.full(len(ps), now, np.int64),
                 "samples": np.array([min(sp.samples, (1 << 63) - 1) for sp in ps], np.int64),
                 "bytes": np.array([len(sp.data) for sp in ps], np.int64)})
+        if len(pending.ids):
+            self._append("leaves", pending.columns())
         if len(rows):
-            self._append("samples", rows.columns())
+            self._append("samples", cols)
 
     def _append(self, table: str, cols: dict[str, Any]) -> None:
         self._db.register("_incoming", cols)
         try:
-            self._db.execute(f"INSERT INTO {table} SELECT {', '.join(cols)} FROM _incoming")
+            names = ", ".join(cols)
+            self._db.execute(f"INSERT INTO {table} ({names}) SELECT {names} FROM _incoming")
         finally:
             self._db.unregister("_incoming")
-
-    def _check_disk(self, incoming: int) -> None:
-        """StorageFull before a write the disk has no room for: DuckDB's
-        own failure to write may leave the database unusable until it is
-        opened again, so it is not the way to find out."""
-        if self.path == ":memory:":
-            return
-        try:
-            st = os.statvfs(Path(self.path).parent)
-        except OSError:
-            return
-        free = st.f_bavail * st.f_frsize
-        if free < incoming + DISK_MARGIN:
-            raise StorageFull(f"the disk is full ({free} bytes free, "
-                              f"{incoming + DISK_MARGIN} needed)")
 
     def _rollback(self) -> None:
         try:
@@ -353,17 +354,22 @@ class Store:
             if rows is not None:
                 clause += f" AND {rows[0]} ?"
                 args = [*args, rows[1]]
-            who = "tname" if by_name else "thread"
-            got = cur.execute(f"SELECT {who}, stack, {sums} FROM samples WHERE {clause} "
-                              f"GROUP BY {who}, stack", args).fetchnumpy()
+            who = "leaf" if by_name else "thread, stack"
+            got = cur.execute(f"SELECT {who}, {sums} FROM samples WHERE {clause} "
+                              f"GROUP BY {who}", args).fetchnumpy()
         except duckdb.Error as exc:
             raise StorageError(f"query failed: {exc}") from None
         finally:
             cur.close()
         cols = list(got.values())
-        return Aggregate(shape, np.asarray(cols[0], np.uint64), np.asarray(cols[1], np.uint64),
-                         tuple(np.asarray(c, np.int64) for c in cols[2:]),
-                         int(counted[0]) - skipped.get("shape", 0), skipped)
+        if by_name:
+            leaf = np.asarray(cols.pop(0), np.uint32)
+            thread, stack = self.leaves.pairs(leaf)
+        else:
+            leaf, thread, stack = None, np.asarray(cols.pop(0), np.uint64), \
+                np.asarray(cols.pop(0), np.uint64)
+        return Aggregate(shape, thread, stack, tuple(np.asarray(c, np.int64) for c in cols),
+                         int(counted[0]) - skipped.get("shape", 0), skipped, leaf)
 
     def timeline(self, start_ns: int, end_ns: int, matchers: Matchers,
                  type_: str) -> list[tuple[int, int, int]]:
@@ -389,22 +395,17 @@ class Store:
         """Frame ids (root first) of stacks."""
         with contextlib.closing(self.cursor()) as cur:
             cur.register("_ids", {"id": ids})
-            out = {}
-            for sid, blob in cur.execute(
-                    "SELECT s.id, s.frames FROM stacks s SEMI JOIN _ids USING (id)").fetchall():
-                a = array("Q")
-                a.frombytes(blob)
-                out[int(sid)] = tuple(a)
-            return out
+            got = cur.execute("SELECT s.id, s.frames FROM stacks s SEMI JOIN _ids USING (id)")
+            return {int(sid): tuple(array("Q", blob)) for sid, blob in got.fetchall()}
 
-    def leaf_keys(self) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.uint64]]:
-        """(thread name, stack) of every distinct pair stored."""
+    def stored_leaves(self) -> npt.NDArray[np.uint32]:
+        """The leaf id of every (thread name, stack) some sample row holds."""
         try:
             with contextlib.closing(self.cursor()) as cur:
-                got = cur.execute("SELECT DISTINCT tname, stack FROM samples").fetchnumpy()
+                got = cur.execute("SELECT DISTINCT leaf FROM samples").fetchnumpy()
         except duckdb.Error as exc:
             raise StorageError(f"query failed: {exc}") from None
-        return (np.asarray(got["tname"], np.uint64), np.asarray(got["stack"], np.uint64))
+        return np.asarray(got["leaf"], np.uint32)
 
     def label_names(self) -> list[str]:
         return sorted({k for labels in self._series_labels.values() for k in labels})

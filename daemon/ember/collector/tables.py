@@ -3,14 +3,17 @@
 ``samples`` is the big one: a row per (profile, thread, stack) with the
 profile's time and series and up to MAX_VALUES values. Everything it names
 is interned (intern.py) in ``frames``, ``stacks``, ``threads`` and
-``series``; ``profiles`` keeps a row per stored profile (its id makes a
-profile sent twice stored once), with its type and shape (sample types and
-period) as JSON.
+``series``; ``leaves`` numbers each distinct (thread name, stack) densely
+for the merges (leaves.py). ``profiles`` keeps a row per stored profile (its
+id makes a profile sent twice stored once), with its type and shape (sample
+types and period) as JSON.
 """
 
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 from typing import Any
 
 import duckdb
@@ -20,7 +23,11 @@ from ..errors import StorageError, StorageFull
 from ..model import Frame, FrameKind, Mapping, ProfileType
 from .intern import MAX_VALUES
 
-SCHEMA_VERSION = "2"
+#: Space kept free on the store's disk beyond a write's own size: a commit
+#: writes its log first, and a checkpoint may need room for a few blocks.
+DISK_MARGIN = 8 << 20
+
+SCHEMA_VERSION = "3"
 SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS meta (key VARCHAR, value VARCHAR);
 CREATE TABLE IF NOT EXISTS series (id UBIGINT, name VARCHAR, labels VARCHAR);
@@ -38,7 +45,9 @@ CREATE TABLE IF NOT EXISTS profiles (
     samples BIGINT, bytes BIGINT);
 CREATE TABLE IF NOT EXISTS samples (
     time_ns BIGINT, end_ns BIGINT, series UBIGINT, type UBIGINT, thread UBIGINT,
-    tname UBIGINT, stack UBIGINT, {", ".join(f"v{i} BIGINT" for i in range(MAX_VALUES))});
+    tname UBIGINT, stack UBIGINT, {", ".join(f"v{i} BIGINT" for i in range(MAX_VALUES))},
+    leaf UINTEGER);                                -- leaves.id of (tname, stack)
+CREATE TABLE IF NOT EXISTS leaves (id UINTEGER, tname UBIGINT, stack UBIGINT);
 """
 def shape_json(t: ProfileType) -> str:
     return json.dumps([list(map(list, t.sample_types)), list(t.period_type), t.period])
@@ -100,3 +109,19 @@ def storage_error(what: str, exc: duckdb.Error) -> StorageError:
     if "No space left" in text or "disk is full" in text.lower():
         return StorageFull(f"{what}: the disk is full ({text})")
     return StorageError(f"{what}: {text}")
+
+
+def check_disk(path: str, incoming: int) -> None:
+    """StorageFull before a write the disk has no room for: DuckDB's own
+    failure to write may leave the database unusable until it is opened
+    again, so it is not the way to find out."""
+    if path == ":memory:":
+        return
+    try:
+        st = os.statvfs(Path(path).parent)
+    except OSError:
+        return
+    free = st.f_bavail * st.f_frsize
+    if free < incoming + DISK_MARGIN:
+        raise StorageFull(f"the disk is full ({free} bytes free, "
+                          f"{incoming + DISK_MARGIN} needed)")

@@ -1,0 +1,165 @@
+"""Dense leaf ids (collector/leaves.py): one id per (thread name, stack),
+numbered without gaps, kept across restarts and failed writes, and given
+to a store of schema 2 as it opens, with every answer unchanged."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from ember.collector.api import Api
+from ember.collector.matchers import selector
+from ember.collector.store import Store
+from ember.collector.validate import INT64_MAX
+from ember.errors import StorageError
+from tests.support.profiles import write_fleet
+
+S = 10**9
+T0 = 1_700_000_000 * S
+ALL = {"from": ["0"], "to": [str(INT64_MAX)]}
+#: The samples columns of schema 2, as its collector created them.
+SCHEMA_2_SAMPLES = ["time_ns", "end_ns", "series", "type", "thread", "tname", "stack",
+                    "v0", "v1", "v2", "v3"]
+
+
+def check_ids(store: Store) -> int:
+    """Each stored pair has one id, ids are 0..n-1, and the in-memory view
+    agrees with the table; returns n."""
+    with store.cursor() as cur:
+        per_pair = cur.execute("SELECT tname, stack, COUNT(DISTINCT leaf), min(leaf) "
+                               "FROM samples GROUP BY tname, stack").fetchall()
+        table = cur.execute("SELECT id, tname, stack FROM leaves ORDER BY id").fetchall()
+    assert all(n == 1 for _, _, n, _ in per_pair)
+    assert [i for i, _, _ in table] == list(range(len(table)))
+    by_pair = {(t, s): i for i, t, s in table}
+    assert {(t, s): leaf for t, s, _, leaf in per_pair}.items() <= by_pair.items()
+    assert len(store.leaves) == len(table)
+    assert list(zip(store.leaves.tname.tolist(), store.leaves.stack.tolist(),
+                    strict=True)) == [(t, s) for _, t, s in table]
+    return len(table)
+
+
+def answers(store: Store) -> list[bytes]:
+    """Every view of everything stored, from an API with nothing cached."""
+    api = Api(store)
+    out = []
+    for path, extra in (("/api/v1/profile", {"format": ["folded"]}),
+                        ("/api/v1/profile", {"format": ["pprof"]}),
+                        ("/api/v1/tree", {"max_nodes": ["20000"]}),
+                        ("/api/v1/top", {"limit": ["1000"]}),
+                        ("/api/v1/tree", {"match": ["host=h1"], "search": ["fn3"]})):
+        code, body, _ = api.handle(path, {**ALL, **extra})
+        assert code == 200, body
+        out.append(body)
+    return out
+
+
+def test_ids_are_dense_and_kept_across_writes_and_restarts(tmp_path: Path) -> None:
+    path = tmp_path / "db.duckdb"
+    store = Store(path)
+    rng = random.Random(3)
+    counts = []
+    for at in range(5):
+        write_fleet(store, rng, T0 + at * S)
+        counts.append(check_ids(store))
+    assert counts == sorted(counts) and counts[0] > 10
+    before = answers(store)
+    store.close()
+    store = Store(path)
+    try:
+        assert check_ids(store) == counts[-1]
+        assert answers(store) == before
+        write_fleet(store, rng, T0 + 9 * S)
+        assert check_ids(store) > counts[-1]
+    finally:
+        store.close()
+
+
+def test_a_merge_by_leaf_sums_what_the_rows_hold(tmp_path: Path) -> None:
+    store = Store(tmp_path / "db.duckdb")
+    rng = random.Random(4)
+    for at in range(4):
+        write_fleet(store, rng, T0 + at * S)
+    agg = store.aggregate(0, INT64_MAX, selector({}), store.types()[0], by_name=True)
+    assert agg is not None and agg.leaf is not None
+    with store.cursor() as cur:
+        want = {(t, s): (v0, v1) for t, s, v0, v1 in cur.execute(
+            "SELECT tname, stack, sum(v0), sum(v1) FROM samples GROUP BY tname, stack"
+        ).fetchall()}
+    got = {(t, s): (a, b) for t, s, a, b in zip(agg.thread.tolist(), agg.stack.tolist(),
+                                                agg.values[0].tolist(), agg.values[1].tolist(),
+                                                strict=True)}
+    assert got == want
+    store.close()
+
+
+def test_a_failed_write_gives_out_no_id(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = Store(tmp_path / "db.duckdb")
+    rng = random.Random(5)
+    write_fleet(store, rng, T0)
+    n = check_ids(store)
+    real = store._append
+
+    def failing(table: str, cols: dict[str, object]) -> None:
+        if table == "samples":
+            raise duckdb.IOException("the disk went away")
+        real(table, cols)
+
+    monkeypatch.setattr(store, "_append", failing)
+    with pytest.raises(StorageError, match="the disk went away"):
+        write_fleet(store, rng, T0 + S)
+    assert check_ids(store) == n
+    monkeypatch.setattr(store, "_append", real)
+    write_fleet(store, rng, T0 + 2 * S)
+    assert check_ids(store) > n
+    store.close()
+
+
+def to_schema_2(path: Path) -> None:
+    """A store as the schema-2 collector left it: no leaves, no leaf column."""
+    db = duckdb.connect(str(path))
+    db.execute("CREATE TABLE old AS SELECT * EXCLUDE (leaf) FROM samples")
+    db.execute("DROP TABLE samples")
+    db.execute("ALTER TABLE old RENAME TO samples")
+    db.execute("DROP TABLE leaves")
+    db.execute("UPDATE meta SET value = '2' WHERE key = 'schema'")
+    cols = [r[0] for r in db.execute("DESCRIBE samples").fetchall()]
+    assert cols == SCHEMA_2_SAMPLES
+    db.close()
+
+
+def test_a_store_of_schema_2_is_upgraded_with_nothing_lost(tmp_path: Path) -> None:
+    path = tmp_path / "db.duckdb"
+    store = Store(path)
+    rng = random.Random(6)
+    for at in range(6):
+        write_fleet(store, rng, T0 + at * S)
+    before = answers(store)
+    rows = store.count()
+    store.close()
+    to_schema_2(path)
+    store = Store(path)
+    try:
+        with store.cursor() as cur:
+            assert cur.execute("SELECT value FROM meta WHERE key = 'schema'").fetchall() == [
+                ("3",)]
+        check_ids(store)
+        assert store.count() == rows
+        assert answers(store) == before
+        write_fleet(store, rng, T0 + 7 * S)   # and it takes writes as a new store does
+        check_ids(store)
+    finally:
+        store.close()
+
+
+def test_a_store_of_an_unknown_schema_is_refused_by_name(tmp_path: Path) -> None:
+    path = tmp_path / "db.duckdb"
+    Store(path).close()
+    db = duckdb.connect(str(path))
+    db.execute("UPDATE meta SET value = '9' WHERE key = 'schema'")
+    db.close()
+    with pytest.raises(StorageError, match="a store of schema 9, not 3"):
+        Store(path)
