@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import duckdb
 import pytest
 
 from ember.errors import ConfigError, EmberError, UsageError
@@ -29,6 +30,7 @@ from ember.httpserve import (
     Server,
     check_cancelled,
     fetch,
+    on_cancel,
     serve,
 )
 from tests.support.net import free_port
@@ -277,6 +279,73 @@ def test_the_router_learns_its_client_left(
 
 def test_check_cancelled_outside_a_request_does_nothing() -> None:
     check_cancelled()
+    with on_cancel(lambda: pytest.fail("no request, no client to leave")):
+        pass
+
+
+def test_a_query_in_the_database_stops_when_its_client_leaves() -> None:
+    """on_cancel's hook interrupts DuckDB mid-query: a query that would run
+    for minutes ends within seconds of the client leaving."""
+    entered, ended = threading.Event(), []
+
+    def route(path: str, query: dict[str, list[str]], auth: str) -> Reply:
+        cur = duckdb.connect(":memory:")
+        began = time.monotonic()
+        try:
+            with on_cancel(cur.interrupt):
+                entered.set()
+                cur.execute("SELECT count(*) FROM range(100000000) a, range(100000000) b "
+                            "WHERE a.range * 7 + b.range = 3").fetchall()
+        except duckdb.InterruptException:
+            ended.append(time.monotonic() - began)
+            check_cancelled()   # Cancelled: the client left
+        return 200, b"finished", "text/plain"
+
+    s = serve("127.0.0.1:0", route, "test")
+    try:
+        with socket.create_connection(("127.0.0.1", s.server_address[1])) as sock:
+            sock.sendall(b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert entered.wait(5)
+            time.sleep(0.2)   # the query is running
+        deadline = time.monotonic() + 10
+        while not ended and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert ended and ended[0] < 10
+    finally:
+        s.shutdown()
+
+
+def test_a_hook_registered_after_the_client_left_cancels_at_once() -> None:
+    left, ran, outcome = threading.Event(), [], []
+
+    def route(path: str, query: dict[str, list[str]], auth: str) -> Reply:
+        assert left.wait(10)
+        while True:   # until the server has noticed
+            try:
+                check_cancelled()
+            except Cancelled:
+                break
+            time.sleep(0.01)
+        try:
+            with on_cancel(lambda: ran.append(True)):
+                outcome.append("entered")
+        except Cancelled:
+            outcome.append("cancelled")
+            raise
+        return 200, b"", "text/plain"
+
+    s = serve("127.0.0.1:0", route, "test")
+    try:
+        with socket.create_connection(("127.0.0.1", s.server_address[1])) as sock:
+            sock.sendall(b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\n")
+            time.sleep(0.1)
+        left.set()
+        deadline = time.monotonic() + 10
+        while not outcome and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert outcome == ["cancelled"] and ran == []
+    finally:
+        s.shutdown()
 
 
 def test_a_port_in_use_names_the_setting() -> None:

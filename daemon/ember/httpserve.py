@@ -33,7 +33,7 @@ import ssl
 import threading
 import urllib.error
 import urllib.request
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, Iterator, MutableMapping
 from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import parse_qs, urlparse
 
@@ -64,12 +64,52 @@ _Scope = MutableMapping[str, Any]
 _Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 _Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
+class CancelFlag(threading.Event):
+    """A request's cancel flag: set when its client goes away, and then
+    runs what the request registered with ``on_cancel`` (a query running
+    in a database stops at once, not at the next ``check_cancelled``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._hooks_lock = threading.Lock()
+        self._hooks: list[Callable[[], object]] = []
+
+    def set(self) -> None:
+        super().set()
+        with self._hooks_lock:
+            hooks = list(self._hooks)
+        for hook in hooks:
+            try:
+                hook()
+            except Exception:  # a hook's failure must not stop the others
+                log.exception("a cancel hook failed")
+
+
 _cancel: contextvars.ContextVar[threading.Event] = contextvars.ContextVar("ember_http_cancel")
 
 
 class Cancelled(Exception):
     """The client of the running request went away: its answer would be
     thrown away, so the work stops."""
+
+
+@contextlib.contextmanager
+def on_cancel(hook: Callable[[], object]) -> Iterator[None]:
+    """Within the block, ``hook`` runs (in another thread) if the client of
+    the request this thread answers goes away; outside a request, never.
+    Cancelled at once if the client already left."""
+    flag = _cancel.get(None)
+    if not isinstance(flag, CancelFlag):
+        yield
+        return
+    with flag._hooks_lock:
+        flag._hooks.append(hook)
+    try:
+        check_cancelled()
+        yield
+    finally:
+        with flag._hooks_lock:
+            flag._hooks.remove(hook)
 
 
 def check_cancelled() -> None:
@@ -223,7 +263,7 @@ class _App:
         query = parse_qs(scope["query_string"].decode("latin-1"), keep_blank_values=True)
         auth = next((v.decode("latin-1") for k, v in scope["headers"]
                      if k == b"authorization"), "")
-        cancel = threading.Event()
+        cancel = CancelFlag()
         self.running.add(cancel)
         work = self.pool.submit(lambda: self._call(cancel, path, query, auth))
         # the worker stays counted until the router returns, whoever waits

@@ -102,3 +102,39 @@ def test_a_query_whose_client_left_stops_merging(stored: tuple[Store, Aggregate]
         assert stopped.wait(5)
     finally:
         s.shutdown()
+
+
+def test_a_merge_whose_client_left_is_stopped_in_the_store(
+        stored: tuple[Store, Aggregate]) -> None:
+    """The route never checks for its client itself: the store's merge stops
+    it (DuckDB interrupted, or refused as it starts) with Cancelled."""
+    store, _ = stored
+    merged = 0
+    stopped: list[str] = []
+
+    def route(path: str, query: dict[str, list[str]], auth: str) -> Reply:
+        nonlocal merged
+        give_up = time.monotonic() + 20
+        try:
+            while time.monotonic() < give_up:
+                store.aggregate(0, INT64_MAX, {}, store.types()[0], by_name=True)
+                merged += 1
+        except Cancelled:
+            stopped.append("cancelled")
+            raise
+        return 200, b"merged", "text/plain"
+
+    s = serve("127.0.0.1:0", route, "test")
+    try:
+        with socket.create_connection(("127.0.0.1", s.server_address[1])) as sock:
+            sock.sendall(b"GET /api/v1/tree HTTP/1.1\r\nHost: x\r\n\r\n")
+            deadline = time.monotonic() + 5
+            while merged < 10 and time.monotonic() < deadline:
+                time.sleep(0.01)
+        assert merged >= 10
+        deadline = time.monotonic() + 10
+        while not stopped and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert stopped == ["cancelled"]
+    finally:
+        s.shutdown()

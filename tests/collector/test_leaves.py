@@ -14,6 +14,7 @@ from ember.collector.api import Api
 from ember.collector.matchers import selector
 from ember.collector.store import Store
 from ember.collector.validate import INT64_MAX
+from ember.encode.pprof import decode_pprof, from_proto
 from ember.errors import StorageError
 from tests.support.profiles import write_fleet
 
@@ -42,8 +43,9 @@ def check_ids(store: Store) -> int:
     return len(table)
 
 
-def answers(store: Store) -> list[bytes]:
-    """Every view of everything stored, from an API with nothing cached."""
+def answers(store: Store) -> list[object]:
+    """Every view of everything stored, from an API with nothing cached (the
+    pprof as its samples: their order is the merge's)."""
     api = Api(store)
     out = []
     for path, extra in (("/api/v1/profile", {"format": ["folded"]}),
@@ -53,7 +55,11 @@ def answers(store: Store) -> list[bytes]:
                         ("/api/v1/tree", {"match": ["host=h1"], "search": ["fn3"]})):
         code, body, _ = api.handle(path, {**ALL, **extra})
         assert code == 200, body
-        out.append(body)
+        if extra.get("format") == ["pprof"]:
+            out.append(sorted(repr((s.frames, s.pid, s.tid, s.thread_name, s.labels, s.values))
+                              for s in from_proto(decode_pprof(body))[1]))
+        else:
+            out.append(body)
     return out
 
 

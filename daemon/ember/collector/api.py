@@ -137,9 +137,10 @@ class Api:
         self.on_skip = on_skip  # hears of stored profiles a merge left out
         self.index = Index(store)
         self.cache: Cache[Tree] = Cache()
-        # The sums of a range, for its two trees: the flame graph's (values as
-        # folded output gives them) and the table's and sandwich's (the last
-        # sample type), asked for at once as a page opens: one merge.
+        # The sums of a range's one sample type, for the trees that read it
+        # (off-CPU's flame graph and table read the same one), asked for at
+        # once as a page opens: one merge. Only the type a tree shows is
+        # summed: each costs as much again over a fleet's hour.
         self.sums: Cache[Aggregate] = Cache(2)
         self.windows = Windows()
         self.routes: dict[str, Route] = {
@@ -192,22 +193,25 @@ class Api:
                self.store.generation)
 
         def build(generation: int) -> Made | None:
-            agg = self.sums.get((stored, start, end, matchers.key(), generation),
-                                lambda: self.store.aggregate(start, end, matchers, stored,
-                                                             by_name=True))
-            if agg is None:
+            shapes = self.store.shapes(stored)
+            if not shapes:
                 return None
-            if self.on_skip is not None and agg.skipped:
-                self.on_skip(SHAPE, agg.skipped.get(SHAPE, 0))
-            types = agg.shape.sample_types
+            types = shapes[0].sample_types
             last_type, last_unit = types[-1]
             if folded:
-                t = scaled(agg.shape)
+                t = scaled(shapes[0])
                 unit = "microseconds" if t.folded_scale == 1000 else types[0][1]
                 index, scale = t.folded_index, t.folded_scale
             else:
                 unit = "ns" if last_unit == "nanoseconds" else last_type
                 index, scale = len(types) - 1, 1
+            agg = self.sums.get((stored, start, end, matchers.key(), index, generation),
+                                lambda: self.store.aggregate(start, end, matchers, stored,
+                                                             by_name=True, value=index))
+            if agg is None:
+                return None
+            if self.on_skip is not None and agg.skipped:
+                self.on_skip(SHAPE, agg.skipped.get(SHAPE, 0))
             tree = Tree.build(self.index, agg, index, unit, offcpu=last_type == "off_cpu",
                               scale=scale, sample_types=types)
             return Made(start, end, generation, agg.shape, index, tree)

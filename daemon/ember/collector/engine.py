@@ -270,7 +270,7 @@ class Tree:
         leaves = index.leaves(agg)
         parent, name, rec, depth = index.arrays()
         n = len(parent)
-        values = agg.values[value]
+        values = agg.sums(value)
         # sums past int64 saturate (the arithmetic goes to floats only then)
         wide = bool(len(values)) and float(np.abs(values.astype(np.float64)).sum()) >= 2.0**62
         kind = np.float64 if wide else np.int64
@@ -287,7 +287,7 @@ class Tree:
         Tree.build to saturate as it does."""
         limit = 2.0**61
         if float(np.abs(self.total.astype(np.float64)).max(initial=0)) >= limit or any(
-                float(np.abs(a.values[value].astype(np.float64)).sum()) >= limit
+                float(np.abs(a.sums(value).astype(np.float64)).sum()) >= limit
                 for a in (gained, lost) if a is not None):
             return None
         leaves = self.index.leaves(gained)
@@ -295,9 +295,9 @@ class Tree:
         parent, name, rec, depth = self.index.arrays()
         self_w = np.zeros(len(parent), np.int64)
         self_w[:len(self.self_)] = self.self_
-        np.add.at(self_w, leaves, gained.values[value])
+        np.add.at(self_w, leaves, gained.sums(value))
         if lost is not None:
-            np.subtract.at(self_w, gone, lost.values[value])
+            np.subtract.at(self_w, gone, lost.sums(value))
         return Tree(self.index, self_w, _totals(self.index, self_w, parent), parent, name, rec,
                     depth, gained.profiles, self.unit, self.offcpu, self.scale,
                     self.sample_types)

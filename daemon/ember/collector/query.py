@@ -35,7 +35,7 @@ def profile_of(store: Store, agg: Aggregate, start_ns: int, end_ns: int) -> Prof
     frames_of = store.stacks(np.unique(agg.stack))
     frames = store.interner.frames
     threads = store.interner.threads
-    values = [v.tolist() for v in agg.values]
+    values = [agg.sums(i).tolist() for i in range(len(agg.values))]
     samples = []
     for i, (t, s) in enumerate(zip(agg.thread.tolist(), agg.stack.tolist(), strict=True)):
         if not i % 4096:

@@ -54,10 +54,17 @@ class Aggregate:
     shape: ProfileType
     thread: npt.NDArray[np.uint64]   # thread ids, or thread name ids (by_name)
     stack: npt.NDArray[np.uint64]
-    values: tuple[npt.NDArray[np.int64], ...]   # one per sample type
+    values: tuple[npt.NDArray[np.int64] | None, ...]   # per sample type; None: not summed
     profiles: int
     skipped: dict[str, int]
     leaf: npt.NDArray[np.uint32] | None = None   # by_name: the store's leaf ids
+
+    def sums(self, i: int) -> npt.NDArray[np.int64]:
+        """The sums of sample type ``i`` (a LookupError if not summed)."""
+        got = self.values[i]
+        if got is None:
+            raise LookupError(f"sample type {i} was not summed")
+        return got
 
 
 def as_sent(store: Store, start_ns: int, end_ns: int, matchers: Matchers,

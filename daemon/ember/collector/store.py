@@ -42,15 +42,15 @@ import numpy.typing as npt
 from ..encode.folded import clean
 from ..encode.pprof import profile_shape
 from ..errors import StorageError
+from ..httpserve import check_cancelled, on_cancel
 from ..model import ProfileType
 from .intern import Interner, Rows, ThreadKey, thread_name_id, type_id
-from .leaves import PERFECT_BITS, Leaves, Pending, upgrade
+from .leaves import PERFECT_BITS, Leaves, Pending
 from .matchers import Matchers, selector
 from .rows import Aggregate, Row, StoredProfile, as_sent
 from .tables import (
-    SCHEMA,
-    SCHEMA_VERSION,
     check_disk,
+    create_or_upgrade,
     frame_columns,
     frame_of_row,
     one,
@@ -90,17 +90,7 @@ class Store:
             self._db.execute("SET threads = 2")
             self._db.execute("SET preserve_insertion_order = false")
             self._db.execute(f"SET GLOBAL perfect_ht_threshold = {PERFECT_BITS}")
-            if not one(self._db.execute("SELECT COUNT(*) FROM information_schema.tables "
-                                         "WHERE table_name = 'samples'")):
-                self._db.execute(SCHEMA)
-                self._db.execute("INSERT INTO meta VALUES ('schema', ?)", (SCHEMA_VERSION,))
-            version = self._db.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()
-            if version == ("2",):
-                log.warning("store %s: numbering its stacks (schema 3, once)", self.path)
-                upgrade(self._db)
-            elif version != (SCHEMA_VERSION,):
-                raise StorageError(f"{self.path}: a store of schema {version and version[0]}, "
-                                   f"not {SCHEMA_VERSION}: a newer collector wrote it")
+            create_or_upgrade(self._db, self.path)
             self._load()
         except duckdb.Error as exc:
             raise storage_error(f"{self.path}: cannot open the store", exc) from None
@@ -312,14 +302,16 @@ class Store:
 
     def aggregate(self, start_ns: int, end_ns: int, matchers: Matchers,
                   type_: str, by_name: bool = False,
-                  rows: tuple[Literal["time_ns >=", "end_ns <"], int] | None = None
-                  ) -> Aggregate | None:
+                  rows: tuple[Literal["time_ns >=", "end_ns <"], int] | None = None,
+                  value: int | None = None) -> Aggregate | None:
         """The samples of one type in a range, summed per (thread, stack),
         or per (thread name, stack) with ``by_name`` (all the flame graph
         needs, and far fewer groups over a fleet); None when no stored
         profile matches. ``rows`` (a condition on one column, such as
         ("time_ns >=", T)) narrows the sums, not the count of profiles: the
-        rows a range gained or lost since another (collector/window.py)."""
+        rows a range gained or lost since another (collector/window.py).
+        ``value``: only that sample type summed (each one summed costs as
+        much again over a fleet's hour); the others are None."""
         shapes = self.shapes(type_)
         where = self._where(start_ns, end_ns, self.series_matching(matchers), type_)
         if where is None or not shapes:
@@ -331,7 +323,7 @@ class Store:
         cur = self.cursor()
         try:
             counted = cur.execute(
-                "SELECT COUNT(*), COUNT(DISTINCT shape) FROM profiles WHERE time_ns < ? AND "
+                "SELECT COUNT(*) FROM profiles WHERE time_ns < ? AND "
                 "time_ns + duration_ns >= ? AND type_id = ?"
                 + (" AND series IN (SELECT unnest(?::UBIGINT[]))" if len(args) > 3 else ""),
                 args).fetchone()
@@ -350,14 +342,16 @@ class Store:
                            "WHERE type_id = ? AND shape = ?)")
                 args = [*args, args[2], shape_json(shape)]
             sums = ", ".join(f"least(greatest(sum(v{i}), {-(1 << 63)}), {(1 << 63) - 1})::BIGINT"
-                             for i in range(n))
+                             for i in range(n) if value in (None, i))
             if rows is not None:
                 clause += f" AND {rows[0]} ?"
                 args = [*args, rows[1]]
             who = "leaf" if by_name else "thread, stack"
-            got = cur.execute(f"SELECT {who}, {sums} FROM samples WHERE {clause} "
-                              f"GROUP BY {who}", args).fetchnumpy()
+            with on_cancel(cur.interrupt):   # the client left: stop the merge
+                got = cur.execute(f"SELECT {who}, {sums} FROM samples WHERE {clause} "
+                                  f"GROUP BY {who}", args).fetchnumpy()
         except duckdb.Error as exc:
+            check_cancelled()
             raise StorageError(f"query failed: {exc}") from None
         finally:
             cur.close()
@@ -368,7 +362,9 @@ class Store:
         else:
             leaf, thread, stack = None, np.asarray(cols.pop(0), np.uint64), \
                 np.asarray(cols.pop(0), np.uint64)
-        return Aggregate(shape, thread, stack, tuple(np.asarray(c, np.int64) for c in cols),
+        got_values = iter(np.asarray(c, np.int64) for c in cols)
+        return Aggregate(shape, thread, stack,
+                         tuple(next(got_values) if value in (None, i) else None for i in range(n)),
                          int(counted[0]) - skipped.get("shape", 0), skipped, leaf)
 
     def timeline(self, start_ns: int, end_ns: int, matchers: Matchers,

@@ -12,6 +12,7 @@ types and period) as JSON.
 from __future__ import annotations
 
 import json
+import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,9 @@ import numpy as np
 from ..errors import StorageError, StorageFull
 from ..model import Frame, FrameKind, Mapping, ProfileType
 from .intern import MAX_VALUES
+from .leaves import upgrade
+
+log = logging.getLogger(__name__)
 
 #: Space kept free on the store's disk beyond a write's own size: a commit
 #: writes its log first, and a checkpoint may need room for a few blocks.
@@ -49,6 +53,21 @@ CREATE TABLE IF NOT EXISTS samples (
     leaf UINTEGER);                                -- leaves.id of (tname, stack)
 CREATE TABLE IF NOT EXISTS leaves (id UINTEGER, tname UBIGINT, stack UBIGINT);
 """
+def create_or_upgrade(db: duckdb.DuckDBPyConnection, path: str) -> None:
+    """The tables made in a new store, or an older store's upgraded."""
+    if not one(db.execute("SELECT COUNT(*) FROM information_schema.tables "
+                          "WHERE table_name = 'samples'")):
+        db.execute(SCHEMA)
+        db.execute("INSERT INTO meta VALUES ('schema', ?)", (SCHEMA_VERSION,))
+    version = db.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()
+    if version == ("2",):
+        log.warning("store %s: numbering its stacks (schema 3, once)", path)
+        upgrade(db)
+    elif version != (SCHEMA_VERSION,):
+        raise StorageError(f"{path}: a store of schema {version and version[0]}, "
+                           f"not {SCHEMA_VERSION}: a newer collector wrote it")
+
+
 def shape_json(t: ProfileType) -> str:
     return json.dumps([list(map(list, t.sample_types)), list(t.period_type), t.period])
 

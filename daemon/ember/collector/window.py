@@ -82,13 +82,13 @@ class Windows:
         if written is None or written < last.end or store.shapes(stored) != [last.shape]:
             return None
         gained = store.aggregate(start, end, selector, stored, by_name=True,
-                                 rows=("time_ns >=", last.end))
+                                 rows=("time_ns >=", last.end), value=last.value)
         if gained is None or gained.shape != last.shape:
             return None
         lost = None
         if start > last.start:
             lost = store.aggregate(last.start, last.end, selector, stored, by_name=True,
-                                   rows=("end_ns <", start))
+                                   rows=("end_ns <", start), value=last.value)
         tree = last.tree.slid(gained, lost, last.value)
         if tree is None:
             return None

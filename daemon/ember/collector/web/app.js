@@ -525,7 +525,9 @@
     else c = [205 + 50 * h, 230 * h, 55 * h];
     return "rgb(" + c.map(Math.round).join(",") + ")";
   }
+  var graphAsked = null; // the flame graph's request of the last render, while it runs
   function loadGraph() {
+    graphAsked = null;
     var sandwich = state.view === "sandwich";
     $("sandwich").classList.toggle("hidden", !sandwich);
     if (sandwich) { loadSandwich(); return; }
@@ -540,6 +542,7 @@
       var svgPath = "/api/v1/flamegraph?" + params({ width: width });
       f = fetchSlot("graph", svgPath, svgPath, blob);
       if (!f) return;
+      graphAsked = f;
       loading(true);
       f.then(function (b) {
         loading(false); message(""); graphData = null;
@@ -554,6 +557,7 @@
     var path = "/api/v1/tree?" + p;
     f = fetchSlot("graph", path, path, json);
     if (!f) { drawGraph(); return; } // the same data: the view mode may have changed
+    graphAsked = f;
     loading(true);
     early(path);
     f.then(function (j) {
@@ -1064,7 +1068,10 @@
       new Date(Number(state.to) / 1e6).toLocaleTimeString();
     loadGraph();
     loadBanner();
-    loadTop();
+    // the table after the graph: both come from one merge of the range, and
+    // the table's own work (and its 10,000 rows of JSON) would otherwise
+    // delay the graph, which is what a person looks at first
+    if (graphAsked) graphAsked.then(loadTop, loadTop); else loadTop();
     loadTimeline();
     loadDiff();
   }
