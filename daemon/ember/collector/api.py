@@ -38,7 +38,8 @@ from ..flamegraph.graphs import diff_graph, graph, hotcold_graph
 from ..flamegraph.inputs import Stacks
 from ..httpserve import Reply, check_cancelled
 from ..model import CPU, OFFCPU
-from .engine import DEFAULT_NODES, MAX_NODES, Cache, Index, Tree, kinds_of
+from .cache import Cache
+from .engine import DEFAULT_NODES, MAX_NODES, Index, Tree, kinds_of
 from .matchers import Selector, selector
 from .query import FORMATS, SHAPE, TYPE_ALIASES, profile_of, render, scaled, tree_json
 from .store import Aggregate, Store

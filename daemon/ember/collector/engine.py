@@ -25,9 +25,9 @@ from __future__ import annotations
 import re
 import threading
 from array import array
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -58,9 +58,13 @@ class Index:
         self.names = ["all"]
         self._name_ids = {"all": 0}
         self.kinds: dict[str, str] = {}
-        # child node by parent << 32 | name id: one int a key, not a tuple of
-        # two (a fleet's hour has near a million nodes)
-        self._children: dict[int, int] = {}
+        # child node by parent << 32 | name id, as sorted arrays (a fleet's
+        # hour has near a million nodes: as a dict they held 90 MB), and in a
+        # dict those made since the arrays were last merged (``_merge_made``)
+        self._edges = (np.zeros(0, np.uint64), np.zeros(0, np.int64))
+        self._made: dict[int, int] = {}
+        self._made_from = 1   # nodes from here on have their children in _made
+        self.merge_at = 0     # children in _made past which an _add merges them
         self._keys = np.zeros(0, np.uint64)       # sorted (thread name, stack) keys
         self._leaves = np.zeros(0, np.int64)      # their nodes
         self._by_leaf = np.zeros(0, np.int64)     # node by the store's leaf id (-1: not yet)
@@ -86,14 +90,38 @@ class Index:
     def _child(self, parent: int, nid: int, recursive: bool = False) -> int:
         """The node for name ``nid`` under ``parent``, made if new;
         ``recursive``: the name is also one of its frames' ancestors'."""
-        node = self._children.get(parent << 32 | nid)
+        node = self.child(parent, nid)
         if node is None:
-            node = self._children[parent << 32 | nid] = len(self.parent)
+            node = self._made[parent << 32 | nid] = len(self.parent)
             self.parent.append(parent)
             self.name.append(nid)
             self.depth.append(self.depth[parent] + 1)
             self.recursive.append(recursive)
         return node
+
+    def child(self, parent: int, nid: int) -> int | None:
+        """The node for name ``nid`` under ``parent``, if there is one yet."""
+        key = parent << 32 | nid
+        node = self._made.get(key)
+        if node is not None or parent >= self._made_from:
+            return node
+        keys, nodes = self._edges
+        i = int(np.searchsorted(keys, np.uint64(key)))
+        return int(nodes[i]) if i < len(keys) and int(keys[i]) == key else None
+
+    def _merge_made(self) -> None:
+        """The children made since the last merge, into the sorted arrays."""
+        if self._made:
+            n = len(self._made)
+            new = np.fromiter(self._made.keys(), np.uint64, n)
+            order = np.argsort(new)
+            new_nodes = np.fromiter(self._made.values(), np.int64, n)[order]
+            new = new[order]
+            keys, nodes = self._edges
+            at = np.searchsorted(keys, new)
+            self._edges = (np.insert(keys, at, new), np.insert(nodes, at, new_nodes))
+            self._made = {}
+        self._made_from = len(self.parent)
 
     def leaves(self, agg: Aggregate) -> npt.NDArray[np.int64]:
         """The node of each (thread name, stack) of an aggregate by name:
@@ -142,10 +170,17 @@ class Index:
         hour, 800,000 leaves take seconds). In chunks, so what a chunk needs
         on the way (its stacks' frames) stays small. Returns the leaves."""
         leaf = self.store.stored_leaves()
-        for i in range(0, len(leaf), chunk):
-            ids = leaf[i:i + chunk]
-            thread, stack = self.store.leaves.pairs(ids)
-            self._by_leaf_ids(ids, thread, stack)
+        with self._lock:
+            self.merge_at = 1 << 62   # the children in a dict while it builds (faster)
+        try:
+            for i in range(0, len(leaf), chunk):
+                ids = leaf[i:i + chunk]
+                thread, stack = self.store.leaves.pairs(ids)
+                self._by_leaf_ids(ids, thread, stack)
+        finally:
+            with self._lock:
+                self.merge_at = 0
+                self._merge_made()
         return len(leaf)
 
     def _lookup(self, keys: npt.NDArray[np.uint64]) -> tuple[npt.NDArray[np.int64],
@@ -190,6 +225,8 @@ class Index:
         nodes_all = np.concatenate([self._leaves, np.array(new_nodes, np.int64)])
         order = np.argsort(keys_all, kind="stable")
         self._keys, self._leaves = keys_all[order], nodes_all[order]
+        if len(self._made) > self.merge_at:
+            self._merge_made()
 
     def _names_of(self, frames_of: dict[int, tuple[int, ...]]) -> dict[int, tuple[int, ...]]:
         """Each stack's name ids, root first, capped as folded output is."""
@@ -308,7 +345,7 @@ class Tree:
         node = 0
         for name in path:
             nid = self.index._name_ids.get(name)
-            child = None if nid is None else self.index._children.get(node << 32 | nid)
+            child = None if nid is None else self.index.child(node, nid)
             if child is None or child >= len(self.total) or not self.total[child]:
                 raise LookupError(f"no frame {name!r} under {self.path(node) or 'all'}")
             node = child
@@ -449,47 +486,6 @@ def _saturated(a: npt.NDArray[Any]) -> npt.NDArray[np.int64]:
     return out
 
 
-T = TypeVar("T")
-
-
-class Cache(Generic[T]):
-    """Trees (or the sums they are built from) by (query, store generation):
-    a write makes older entries unreachable, and the oldest go past ``size``
-    entries. Requests for one being made wait for it rather than make it
-    again (a page asks for the flame graph and the table at once, and 8
-    clients ask alike)."""
-
-    def __init__(self, size: int = 8):
-        self.size = size
-        self._lock = threading.Lock()
-        self._items: dict[tuple[object, ...], T] = {}
-        self._making: dict[tuple[object, ...], threading.Lock] = {}
-
-    def get(self, key: tuple[object, ...], make: Callable[[], T | None]) -> T | None:
-        while True:
-            with self._lock:
-                hit = self._items.get(key)
-                if hit is not None:
-                    return hit
-                making = self._making.get(key)
-                if making is None:
-                    making = self._making[key] = threading.Lock()
-                    making.acquire()
-                    break
-            with making:  # another request makes it: wait, then look again
-                pass
-        try:
-            tree = make()
-            if tree is not None:
-                with self._lock:
-                    self._items[key] = tree
-                    while len(self._items) > self.size:
-                        del self._items[next(iter(self._items))]
-            return tree
-        finally:
-            with self._lock:
-                del self._making[key]
-            making.release()
 
 
 def kinds_of(index: Index) -> dict[str, str]:

@@ -93,8 +93,10 @@ def load(index: Index, path: Path) -> int:
         index.names = names
         index._name_ids = {n: i for i, n in enumerate(names)}
         index.kinds = {str(k): str(v) for k, v in kinds.items()}
-        index._children = dict(zip(((parent[1:] << 32) | name[1:]).tolist(),
-                                   range(1, len(parent)), strict=True))
+        edges = ((parent[1:] << 32) | name[1:]).astype(np.uint64)
+        order = np.argsort(edges)
+        index._edges = (edges[order], np.arange(1, len(parent), dtype=np.int64)[order])
+        index._made, index._made_from = {}, len(parent)
         index._keys, index._leaves = got["keys"], got["leaves"]
         index._frame_names = dict(zip(got["fids"].tolist(), got["fnames"].tolist(), strict=True))
     return len(parent)

@@ -14,6 +14,8 @@ servers speak TLS.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import hmac
 import ipaddress
 import logging
@@ -205,6 +207,7 @@ class Collector:
         log.info("collector: query index of %d stacks built in %.1f s (%d nodes loaded from %s)",
                  n, time.monotonic() - began, loaded, path)
         self._save_index()
+        _trim_heap()
 
     def _save_index(self) -> None:
         """Write the index beside the store, unless the file already holds it."""
@@ -285,3 +288,10 @@ class Collector:
             tls.load_cert_chain(self.cfg.tls_cert, self.cfg.tls_key)
         self._http = serve(self.cfg.http_listen, self.handle, "collector.http_listen", tls,
                            on_reply=lambda code: self.metrics.queries.labels(str(code)).inc())
+
+
+def _trim_heap() -> None:
+    """Give back to the system the heap the index build freed (glibc keeps
+    it otherwise: 90 MB of RSS after a fleet hour's build)."""
+    with contextlib.suppress(OSError, AttributeError):   # not glibc
+        ctypes.CDLL("libc.so.6").malloc_trim(0)

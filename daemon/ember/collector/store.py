@@ -64,7 +64,7 @@ __all__ = ["Aggregate", "Row", "Store", "StoredProfile"]
 log = logging.getLogger(__name__)
 
 class Store:
-    def __init__(self, path: str | Path, memory_limit: str = "256MB"):
+    def __init__(self, path: str | Path, memory_limit: str = "128MB"):
         self.path = str(path)
         self._lock = threading.Lock()
         self.generation = 0     # bumped by every change: query caches key on it
@@ -86,6 +86,8 @@ class Store:
     def _open(self) -> None:
         try:
             self._db = duckdb.connect(self.path)
+            # DuckDB's buffers (its cache of column blocks and the merges'
+            # tables): a fleet hour's merges run as fast at 128 MB as at 1 GB
             self._db.execute(f"SET memory_limit = '{self._memory_limit}'")
             self._db.execute("SET threads = 2")
             self._db.execute("SET preserve_insertion_order = false")
