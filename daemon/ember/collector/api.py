@@ -80,6 +80,9 @@ MAX_SINCE_DAYS = 400
 MAX_LIMIT = 10_000  # rows of /top
 MAX_BUCKETS = 500  # bars of /timeline
 MAX_WIDTH = 100_000  # pixels asked of a flame graph (drawn at 300..8000)
+#: Routes whose answers are kept (``Api.rendered``): the JSON views a page
+#: and everyone looking at the same range ask for again and again.
+RENDERED = frozenset({"/api/v1/tree", "/api/v1/top", "/api/v1/sandwich", "/api/v1/timeline"})
 
 
 def _int(q: Query, name: str, default: int, low: int, high: int, what: str) -> int:
@@ -143,6 +146,7 @@ class Api:
         # once as a page opens: one merge. Only the type a tree shows is
         # summed: each costs as much again over a fleet's hour.
         self.sums: Cache[Aggregate] = Cache(2)
+        self.rendered: Cache[Reply] = Cache(16)
         self.windows = Windows()
         self.routes: dict[str, Route] = {
             "/api/v1/profile": self._profile, "/api/v1/tree": self._tree_route,
@@ -157,11 +161,29 @@ class Api:
         if route is None:
             return error(404, f"no such endpoint: {path}")
         try:
+            if path in RENDERED:
+                return self._rendered(path, route, q)
             return route(q)
         except ValueError as exc:
             return error(400, str(exc))
         except LookupError as exc:
             return error(404, str(exc))
+
+    def _rendered(self, path: str, route: Route, q: Query) -> Reply:
+        """The route's answer, made once per (question, range, store
+        generation): the range resolved first, so a "since" and the answer
+        kept for it name the same seconds. A tree is cached, but drawing
+        5,000 of its nodes as JSON or its table costs tens of milliseconds
+        of Python each time, and viewers of one range ask alike."""
+        start, end, _ = _select(q)
+        asked = {k: v for k, v in q.items() if k not in ("since", "from", "to")}
+        key = (path, start, end, self.store.generation,
+               tuple(sorted((k, tuple(v)) for k, v in asked.items())))
+        reply = self.rendered.get(key, lambda: route({**asked, "from": [str(start)],
+                                                      "to": [str(end)]}))
+        if reply is None:   # a route answers or raises
+            raise LookupError(f"{path}: no answer")
+        return reply
 
     def _route(self, path: str) -> Route | None:
         """The table's route, or the one route with a name in its path."""
