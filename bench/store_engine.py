@@ -7,10 +7,13 @@ x 10 processes, 360 ten-second intervals, 25 million sample rows at
 A real ``ember collector`` process serves the generated store; the
 figures are what its HTTP API answers: each view's latency (the first,
 cold, answer and the median of the next five), 8 concurrent clients over
---seconds (p50/p99), the collector's peak RSS, the store on disk; and the
-write path on real pprof profiles (validation and store, per profile).
+--seconds (p50/p99) while a live fleet writes (real WriteRaw requests over
+gRPC, --write-hosts profiles every --write-every s: every write makes the
+answers before it stale), the collector's peak RSS, the store on disk; and
+the write path on real pprof profiles (validation and store, per profile).
 
     .venv/bin/python bench/store_engine.py [--scale 1] [--seconds 30]
+        [--write-every 2] [--write-hosts 10]
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import urllib.request
 from dataclasses import replace
 from pathlib import Path
 
+import grpc
 from fleet_hour import generate, scaled
 
 from common import EMBER, free_port, render, status_kb
@@ -37,6 +41,7 @@ from ember.collector.validate import DEFAULT_LIMITS, check_request
 from ember.encode.writeraw import make_series
 from ember.model import Frame, FrameKind, Mapping, Profile, Sample, cpu_type
 from ember.proto import profilestore_pb2 as ps
+from ember.proto.profilestore_pb2_grpc import ProfileStoreServiceStub
 
 VIEWS = [
     ("whole hour: pruned tree", "/api/v1/tree", {}),
@@ -61,6 +66,23 @@ def fetch(u: str) -> float:
     with urllib.request.urlopen(u, timeout=300) as r:
         r.read()
     return time.perf_counter() - began
+
+
+def fleet_requests(hosts: int, at_ns: int, rng: random.Random,
+                   stacks: list[tuple[Frame, ...]]) -> ps.WriteRawRequest:
+    """One WriteRaw request as a fleet's agents send it each interval: a
+    1,000-stack on-CPU profile per host, ending at ``at_ns``, its stacks
+    drawn from ``stacks`` (a program's: they recur from one interval to
+    the next)."""
+    out = []
+    for host in range(hosts):
+        samples = tuple(Sample(rng.choice(stacks), (rng.randint(1, 9), 10**7), 100,
+                               100 + rng.randint(0, 3), "w") for _ in range(1000))
+        p = Profile(cpu_type(99), samples, at_ns - 10**10, 10**10)
+        labels = series_labels(p.type, ProcessLabels(pid=100, comm="svc"),
+                               {"host": f"live-{host}"})
+        out.append(make_series(replace(p, labels=labels))[0])
+    return ps.WriteRawRequest(series=out)
 
 
 def write_path(profiles: int = 40) -> tuple[float, float]:
@@ -98,6 +120,10 @@ def main() -> int:
     ap.add_argument("--scale", type=float, default=1.0)
     ap.add_argument("--seconds", type=float, default=30)
     ap.add_argument("--clients", type=int, default=8)
+    ap.add_argument("--write-every", type=float, default=2.0,
+                    help="seconds between the live writes while the clients ask (0: none)")
+    ap.add_argument("--write-hosts", type=int, default=10,
+                    help="profiles (of 1,000 stacks) in each live write")
     args = ap.parse_args()
     s = args.scale
     shape = scaled(s)
@@ -140,7 +166,29 @@ def main() -> int:
             out.append(render(f"Views (scale {s}: {gen['rows']:,} rows; ms)",
                               ["view", "first", "median of 5"], rows))
             lat: list[float] = []
+            # the fleet keeps writing while people look: every --write-every
+            # seconds a request of --write-hosts profiles (each write makes
+            # the answers before it stale: trees slide, views are drawn again)
+            rng = random.Random(3)
+            exe = Mapping(0x400000, 0x4000000, 0, "/usr/bin/service", "c0ffee")
+            frames = [Frame(f"svc::module{i % 97}::function_{i}", FrameKind.USER, exe,
+                            0x400000 + 64 * i) for i in range(0, 20_000, 7)]
+            pool = [tuple(rng.choice(frames) for _ in range(rng.randint(8, 30)))
+                    for _ in range(5000)]
+            stub = ProfileStoreServiceStub(grpc.insecure_channel(f"127.0.0.1:{grpc_port}"))
+            writes: list[float] = []
             end = time.monotonic() + args.seconds
+
+            def writer() -> None:
+                while time.monotonic() < end and args.write_every > 0:
+                    due = time.monotonic() + args.write_every
+                    req = fleet_requests(args.write_hosts, time.time_ns(), rng, pool)
+                    began = time.perf_counter()
+                    stub.WriteRaw(req, timeout=60)
+                    writes.append(time.perf_counter() - began)
+                    time.sleep(max(0.0, due - time.monotonic()))
+            writing = threading.Thread(target=writer)
+            writing.start()
 
             def client(i: int) -> None:
                 k = i
@@ -154,11 +202,16 @@ def main() -> int:
                 t.start()
             for t in threads:
                 t.join()
+            writing.join()
             lat.sort()
             p50, p99 = lat[len(lat) // 2], lat[int(len(lat) * 0.99)]
-            out.append(render("Concurrent clients", ["clients", "requests", "p50 ms", "p99 ms"],
-                              [[str(args.clients), str(len(lat)), f"{p50 * 1000:.0f}",
-                                f"{p99 * 1000:.0f}"]]))
+            out.append(render(
+                f"Concurrent clients, while {args.write_hosts} profiles are written every "
+                f"{args.write_every:g} s", ["clients", "requests", "p50 ms", "p99 ms",
+                                          "writes", "write ack p50 ms"],
+                [[str(args.clients), str(len(lat)), f"{p50 * 1000:.0f}", f"{p99 * 1000:.0f}",
+                  str(len(writes)),
+                  f"{statistics.median(writes) * 1000:.0f}" if writes else "-"]]))
         finally:
             stop.set()
             proc.terminate()
