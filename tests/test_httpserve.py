@@ -33,8 +33,9 @@ from ember.httpserve import (
     on_cancel,
     serve,
 )
-from tests.support.net import free_port
+from tests.support.net import ask_and_leave, free_port
 from tests.support.tls import self_signed
+from tests.support.waits import wait_for
 
 SEEN: list[tuple[str, dict[str, list[str]], str]] = []
 
@@ -265,12 +266,8 @@ def test_the_router_learns_its_client_left(
     entered, release, cancelled = blocking
     s = serve("127.0.0.1:0", blocking_router(entered, release, cancelled), "test")
     try:
-        with socket.create_connection(("127.0.0.1", s.server_address[1])) as sock:
-            sock.sendall(b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\n")
-            assert entered.wait(5)
-        deadline = time.monotonic() + 5
-        while not cancelled and time.monotonic() < deadline:
-            time.sleep(0.01)
+        assert ask_and_leave(s.server_address[1], "/slow", entered.is_set)
+        assert wait_for(lambda: cancelled, 5, every=0.01)
         assert cancelled == [True]
     finally:
         s.shutdown()
@@ -303,14 +300,12 @@ def test_a_query_in_the_database_stops_when_its_client_leaves() -> None:
 
     s = serve("127.0.0.1:0", route, "test")
     try:
-        with socket.create_connection(("127.0.0.1", s.server_address[1])) as sock:
-            sock.sendall(b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\n")
-            assert entered.wait(5)
-            time.sleep(0.2)   # the query is running
-        deadline = time.monotonic() + 10
-        while not ended and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert ended and ended[0] < 10
+        # the client leaves 0.2 s into the query
+        began = time.monotonic()
+        assert ask_and_leave(s.server_address[1], "/slow",
+                             lambda: entered.is_set() and time.monotonic() > began + 0.2)
+        assert wait_for(lambda: ended, 10, every=0.01)
+        assert ended[0] < 10
     finally:
         s.shutdown()
 
@@ -336,13 +331,10 @@ def test_a_hook_registered_after_the_client_left_cancels_at_once() -> None:
 
     s = serve("127.0.0.1:0", route, "test")
     try:
-        with socket.create_connection(("127.0.0.1", s.server_address[1])) as sock:
-            sock.sendall(b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\n")
-            time.sleep(0.1)
+        began = time.monotonic()
+        ask_and_leave(s.server_address[1], "/slow", lambda: time.monotonic() > began + 0.1)
         left.set()
-        deadline = time.monotonic() + 10
-        while not outcome and time.monotonic() < deadline:
-            time.sleep(0.01)
+        assert wait_for(lambda: outcome, 10, every=0.01)
         assert outcome == ["cancelled"] and ran == []
     finally:
         s.shutdown()

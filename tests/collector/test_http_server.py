@@ -21,7 +21,9 @@ from ember.config import CollectorConfig
 from ember.httpserve import Cancelled, Reply, serve
 from ember.proto import profilestore_pb2 as ps
 from tests.support.collector import series
+from tests.support.net import ask_and_leave
 from tests.support.tls import self_signed
+from tests.support.waits import wait_for
 
 
 def get(port: int, path: str, client: ssl.SSLContext | None,
@@ -93,12 +95,8 @@ def test_a_query_whose_client_left_stops_merging(stored: tuple[Store, Aggregate]
 
     s = serve("127.0.0.1:0", route, "test")
     try:
-        with socket.create_connection(("127.0.0.1", s.server_address[1])) as sock:
-            sock.sendall(b"GET /api/v1/profile HTTP/1.1\r\nHost: x\r\n\r\n")
-            deadline = time.monotonic() + 5
-            while merged < 10 and time.monotonic() < deadline:
-                time.sleep(0.01)
-        assert merged >= 10  # the query was running when the client left
+        # the query was running when the client left
+        assert ask_and_leave(s.server_address[1], "/api/v1/profile", lambda: merged >= 10)
         assert stopped.wait(5)
     finally:
         s.shutdown()
@@ -126,15 +124,8 @@ def test_a_merge_whose_client_left_is_stopped_in_the_store(
 
     s = serve("127.0.0.1:0", route, "test")
     try:
-        with socket.create_connection(("127.0.0.1", s.server_address[1])) as sock:
-            sock.sendall(b"GET /api/v1/tree HTTP/1.1\r\nHost: x\r\n\r\n")
-            deadline = time.monotonic() + 5
-            while merged < 10 and time.monotonic() < deadline:
-                time.sleep(0.01)
-        assert merged >= 10
-        deadline = time.monotonic() + 10
-        while not stopped and time.monotonic() < deadline:
-            time.sleep(0.01)
+        assert ask_and_leave(s.server_address[1], "/api/v1/tree", lambda: merged >= 10)
+        assert wait_for(lambda: stopped, 10, every=0.01)
         assert stopped == ["cancelled"]
     finally:
         s.shutdown()
