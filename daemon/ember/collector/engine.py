@@ -37,9 +37,9 @@ from ..flamegraph import svg
 from ..flamegraph.inputs import _kind
 from ..httpserve import check_cancelled
 from ..model import MAX_STACK_DEPTH, TRUNCATED, cap_depth
+from .leaves import leaf_keys
 from .store import Aggregate, Store
 
-_MIX = np.uint64(0x9E3779B97F4A7C15)
 #: How many nodes a pruned answer holds at most.
 MAX_NODES = 20_000
 DEFAULT_NODES = 5_000
@@ -152,8 +152,7 @@ class Index:
 
     def _ensure(self, thread: npt.NDArray[np.uint64],
                 stack: npt.NDArray[np.uint64]) -> npt.NDArray[np.int64]:
-        with np.errstate(over="ignore"):
-            keys = stack ^ (thread * _MIX)
+        keys = leaf_keys(thread, stack)
         with self._lock:
             nodes, found = self._lookup(keys)
             if not found.all():
