@@ -1,0 +1,199 @@
+#!/usr/bin/env python3
+"""A simulated fleet writing to a real collector: --hosts agents each send a
+--stacks-stack on-CPU profile every --interval seconds (1,000 hosts every
+10 s: 100 profiles a second), for --seconds, open loop.
+
+Each host runs one of --programs programs (3,000 stacks over 5,000
+functions each) and sends WriteRaw requests as ember's agent makes them
+(gzip pprof, a unique profile id, the host's labels). Requests go out at
+their scheduled times whether or not the ones before were answered, so a
+collector that falls behind shows it as acknowledgement latency (measured
+from the scheduled time) and as refusals, not as a slower client.
+
+Reported: acknowledgements (p50, p99, max), requests refused and why, the
+rate achieved, the collector's CPU (cores busy) and peak RSS, per window
+of --window seconds and over the whole run.
+
+    .venv/bin/python bench/ingest_fleet.py [--hosts 1000] [--interval 10]
+        [--seconds 300] [--stacks 1000] [--store PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import random
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections import Counter
+from dataclasses import replace
+from pathlib import Path
+
+import grpc
+
+from common import EMBER, cpu_seconds, free_port, render, status_kb
+from ember.agent.labels import ProcessLabels, series_labels
+from ember.collector.validate import decompress
+from ember.encode.writeraw import PROFILE_ID_PREFIX, make_series
+from ember.model import Frame, FrameKind, Mapping, Profile, Sample, cpu_type
+from ember.proto import profile_pb2 as pb
+from ember.proto import profilestore_pb2 as ps
+from ember.proto.profilestore_pb2_grpc import ProfileStoreServiceStub
+
+BASES_PER_PROGRAM = 8  # distinct sample draws per program, reused with new ids
+
+
+def program_bases(program: int, stacks: int, rng: random.Random
+                  ) -> list[tuple[bytes, int, ps.ExecutableInfo]]:
+    """Raw pprof profiles of one program (no profile id yet): (bytes,
+    strings in its table, executable info)."""
+    exe = Mapping(0x400000, 0x4000000, 0, f"/usr/bin/service-{program}", f"c0ffee{program:02x}")
+    frames = [Frame(f"svc{program}::module{i % 97}::function_{i}", FrameKind.USER, exe,
+                    0x400000 + 64 * i) for i in range(5000)]
+    pool = [tuple(rng.choice(frames) for _ in range(rng.randint(8, 30))) for _ in range(3000)]
+    out = []
+    for _ in range(BASES_PER_PROGRAM):
+        samples = tuple(Sample(rng.choice(pool), (rng.randint(1, 9), 10**7), 100,
+                               100 + rng.randint(0, 3), f"worker-{rng.randint(0, 3)}")
+                        for _ in range(stacks))
+        series, _ = make_series(Profile(cpu_type(99), samples, 0, 10**10))
+        p = pb.Profile.FromString(decompress(series.samples[0].raw_profile, 1 << 30)[0])
+        del p.comment[:]
+        out.append((p.SerializeToString(), len(p.string_table),
+                    series.samples[0].executable_info[0]))
+    return out
+
+
+def request(base: tuple[bytes, int, ps.ExecutableInfo], labels: dict[str, str],
+            at_ns: int) -> ps.WriteRawRequest:
+    """``base`` with a new profile id and times (fields appended to a
+    serialized message add to its lists and replace its scalars)."""
+    raw, n_strings, info = base
+    tail = pb.Profile(string_table=[PROFILE_ID_PREFIX + uuid.uuid4().hex],
+                      comment=[n_strings], time_nanos=at_ns - 10**10,
+                      duration_nanos=10**10).SerializeToString()
+    series = ps.RawProfileSeries(labels=ps.LabelSet(labels=[
+        ps.Label(name=k, value=v) for k, v in sorted(labels.items())]))
+    sample = series.samples.add(raw_profile=gzip.compress(raw + tail, compresslevel=1, mtime=0))
+    sample.executable_info.append(info)
+    return ps.WriteRawRequest(series=[series])
+
+
+def pct(xs: list[float], q: float) -> float:
+    return sorted(xs)[min(len(xs) - 1, int(len(xs) * q))] if xs else float("nan")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--hosts", type=int, default=1000)
+    ap.add_argument("--interval", type=float, default=10.0)
+    ap.add_argument("--seconds", type=float, default=300)
+    ap.add_argument("--stacks", type=int, default=1000, help="samples in each profile")
+    ap.add_argument("--programs", type=int, default=10)
+    ap.add_argument("--window", type=float, default=30)
+    ap.add_argument("--store", type=Path, help="an existing store to write into (else empty)")
+    args = ap.parse_args()
+    rng = random.Random(7)
+    print(f"making {args.programs} programs' profiles", file=sys.stderr)
+    bases = [program_bases(i, args.stacks, rng) for i in range(args.programs)]
+    hosts = []
+    for h in range(args.hosts):
+        prog = h % args.programs
+        p = Profile(cpu_type(99), (), 0, 10**10)
+        labels = series_labels(p.type, ProcessLabels(pid=100 + h % 50, comm=f"service-{prog}"),
+                               {"host": f"host-{h:04d}"})
+        hosts.append((prog, replace(p, labels=labels).labels))
+    rate = args.hosts / args.interval
+    with tempfile.TemporaryDirectory() as tmp:
+        path = args.store or Path(tmp) / "store.duckdb"
+        port, grpc_port = free_port(), free_port()
+        proc = subprocess.Popen([*EMBER, "collector", "--storage", str(path),
+                                 "--http-listen", f"127.0.0.1:{port}",
+                                 "--grpc-listen", f"127.0.0.1:{grpc_port}"],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        channel = grpc.insecure_channel(f"127.0.0.1:{grpc_port}", options=[
+            ("grpc.max_send_message_length", 64 << 20)])
+        stub = ProfileStoreServiceStub(channel)
+        grpc.channel_ready_future(channel).result(timeout=120)
+        lock = threading.Lock()
+        acks: list[tuple[float, float]] = []  # (due, latency)
+        refused: Counter[str] = Counter()
+        sent = 0
+        pending = threading.Semaphore(0)
+        peak = 0
+        stop = threading.Event()
+
+        def watch() -> None:
+            nonlocal peak
+            while not stop.wait(0.2):
+                peak = max(peak, status_kb(proc.pid, "VmRSS"))
+        threading.Thread(target=watch, daemon=True).start()
+
+        def done(fut: grpc.Future, due: float) -> None:
+            now = time.monotonic()
+            err = fut.exception()
+            with lock:
+                if err is None:
+                    acks.append((due, now - due))
+                else:
+                    refused[err.code().name] += 1  # type: ignore[attr-defined]
+            pending.release()
+
+        print(f"writing {rate:g} profiles/s for {args.seconds:g} s", file=sys.stderr)
+        cpu0 = cpu_seconds(proc.pid)
+        began = time.monotonic()
+        order = list(range(args.hosts))
+        rng.shuffle(order)
+        k = 0
+        try:
+            while True:
+                due = began + k / rate
+                if due >= began + args.seconds:
+                    break
+                time.sleep(max(0.0, due - time.monotonic()))
+                prog, labels = hosts[order[k % args.hosts]]
+                req = request(bases[prog][k % BASES_PER_PROGRAM], labels, time.time_ns())
+                fut = stub.WriteRaw.future(req, timeout=60)
+                fut.add_done_callback(lambda f, d=due: done(f, d))
+                sent += 1
+                k += 1
+            for _ in range(sent):
+                pending.acquire(timeout=120)
+            elapsed = time.monotonic() - began
+            cpu = cpu_seconds(proc.pid) - cpu0
+        finally:
+            stop.set()
+            proc.terminate()
+            proc.wait(60)
+        rows = []
+        t = 0.0
+        while t < args.seconds:
+            lat = [x for d, x in acks if t <= d - began < t + args.window]
+            rows.append([f"{t:.0f}-{t + args.window:.0f}", str(len(lat)),
+                         f"{pct(lat, 0.5) * 1000:.0f}", f"{pct(lat, 0.99) * 1000:.0f}",
+                         f"{max(lat, default=float('nan')) * 1000:.0f}"])
+            t += args.window
+        lat = [x for _, x in acks]
+        out = [render(f"{args.hosts} hosts, one {args.stacks}-sample profile each every "
+                      f"{args.interval:g} s ({rate:g}/s), acknowledgements by window (ms)",
+                      ["window s", "acked", "p50", "p99", "max"], rows),
+               render("Whole run", ["figure", "value"], [
+                   ["requests sent", str(sent)],
+                   ["acknowledged", str(len(acks))],
+                   ["refused", ", ".join(f"{k}: {v}" for k, v in refused.items()) or "none"],
+                   ["profiles acknowledged per second", f"{len(acks) / elapsed:.1f}"],
+                   ["ack p50 / p99 / max (ms)",
+                    f"{pct(lat, 0.5) * 1000:.0f} / {pct(lat, 0.99) * 1000:.0f} / "
+                    f"{max(lat, default=float('nan')) * 1000:.0f}"],
+                   ["collector CPU (cores busy)", f"{cpu / elapsed:.2f}"],
+                   ["collector peak RSS (MB)", f"{peak / 1024:.0f}"]])]
+    print("\n".join(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
