@@ -22,14 +22,16 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import chain
+from typing import Any, cast
 
 import numpy as np
 import numpy.typing as npt
 
 from ..encode.folded import clean
-from ..encode.pprof import location_frames, sample_context
+from ..encode.pprof import MappingKey, location_frames, sample_context
 from ..model import Frame, Mapping
 from ..proto import profile_pb2 as pb
+from . import decode
 
 #: Values kept per sample (a profile with more sample types is refused).
 MAX_VALUES = 4
@@ -100,12 +102,20 @@ class Rows:
     new_stacks: dict[int, tuple[int, ...]] = field(default_factory=dict)
     new_threads: dict[int, ThreadKey] = field(default_factory=dict)
     new_series: dict[int, str] = field(default_factory=dict)
-    new_locations: dict[tuple[object, ...], tuple[int, ...]] = field(default_factory=dict)
+    new_locations: dict[object, tuple[int, ...]] = field(default_factory=dict)
+    #: rows made as arrays (``Interner.add`` of tables), after the lists'
+    chunks: list[dict[str, npt.NDArray[np.generic]]] = field(default_factory=list)
 
     def __len__(self) -> int:
-        return len(self.stack)
+        return len(self.stack) + sum(len(c["stack"]) for c in self.chunks)
 
     def columns(self) -> dict[str, npt.NDArray[np.generic]]:
+        parts = [self._listed(), *self.chunks] if self.stack or not self.chunks else self.chunks
+        if len(parts) == 1:
+            return parts[0]
+        return {k: np.concatenate([c[k] for c in parts]) for k in parts[0]}
+
+    def _listed(self) -> dict[str, npt.NDArray[np.generic]]:
         cols: dict[str, npt.NDArray[np.generic]] = {
             "time_ns": np.array(self.time_ns, dtype=np.int64),
             "end_ns": np.array(self.end_ns, dtype=np.int64),
@@ -128,24 +138,37 @@ class Interner:
         self.stacks: set[int] = set()
         self.threads: dict[int, ThreadKey] = {}
         self.series: dict[str, int] = {}
-        self._locations: dict[tuple[object, ...], tuple[int, ...]] = {}
-        self._thread_keys: dict[tuple[object, ...], tuple[int, ThreadKey, int]] = {}
+        self._locations: dict[object, tuple[int, ...]] = {}
+        # content -> small ids, memos only (nothing here says the store holds it)
+        self._strings: dict[str, int] = {}
+        self._functions: dict[bytes, int] = {}
+        self._mappings: dict[tuple[object, ...], int] = {}
 
     def add(self, rows: Rows, p: pb.Profile, series_labels: Sequence[tuple[str, str]],
-            type_: str, time_ns: int, end_ns: int) -> None:
-        """Append the samples of one (validated) profile to ``rows``."""
+            type_: str, time_ns: int, end_ns: int, tables: decode.Tables | None = None
+            ) -> None:
+        """Append the samples of one (validated) profile to ``rows``, from
+        its ``tables`` (read here if not given) or, if they cannot be read
+        in bulk, message by message."""
         key = labels_json(series_labels)
         sid = self.series.get(key)
         if sid is None:
             sid = series_id(key)
             rows.new_series[sid] = key
         tid_type = type_id(type_)
+        if tables is None or tables.source is not p:
+            tables = decode.read(p)
+        if tables is not None:
+            self._add_tables(rows, p, tables, (time_ns, end_ns, sid, tid_type))
+            return
         # (an id no location has: no frames, as a query reads it)
         frames_at = defaultdict(tuple, self._locations_of(p, rows)).__getitem__
         st = p.string_table
         nvalues = len(p.sample_type)
         merged: dict[tuple[int, int], list[int]] = {}
         tnames: dict[int, int] = {}
+        # (label string indices are this profile's: known for it alone)
+        thread_keys: dict[tuple[object, ...], tuple[int, ThreadKey, int]] = {}
         for x in p.sample:
             # root first; (map, chain: a loop in C, not here, per frame)
             ids = list(chain.from_iterable(map(frames_at, reversed(x.location_id))))
@@ -153,12 +176,11 @@ class Interner:
             if stk not in self.stacks and stk not in rows.new_stacks:
                 rows.new_stacks[stk] = tuple(ids)
             label_key = tuple((lb.key, lb.str, lb.num) for lb in x.label)
-            known = self._thread_keys.get(label_key)
+            known = thread_keys.get(label_key)
             if known is None:
-                pid, tid, name, labels = sample_context(st, x)
-                tkey: ThreadKey = (pid, tid, name, labels)
-                known = self._thread_keys[label_key] = (thread_id(tkey), tkey,
-                                                        thread_name_id(name))
+                tkey: ThreadKey = sample_context(st, x)
+                known = thread_keys[label_key] = (thread_id(tkey), tkey,
+                                                  thread_name_id(tkey[2]))
             th, tkey, tnames[th] = known
             if th not in self.threads:
                 rows.new_threads[th] = tkey
@@ -178,6 +200,123 @@ class Interner:
             rows.stack.append(stk)
             for i in range(MAX_VALUES):
                 rows.values[i].append(vals[i] if i < len(vals) else 0)
+
+    def _add_tables(self, rows: Rows, p: pb.Profile, t: decode.Tables,
+                    fixed: tuple[int, int, int, int]) -> None:
+        """``add`` from arrays: each location is looked up by its content
+        (mapping, address, functions and lines, as small ids) in one pass,
+        each stack hashed from a slice of one array of frame ids."""
+        st = list(p.string_table)
+        smp = t.samples
+        frames, counts = self._location_frames(p, st, t, rows)
+        # root first: reversed, the samples run last to first, each root first
+        at = smp.locations[::-1].astype(np.int64) - 1
+        n = counts[at]
+        offsets = np.cumsum(counts) - counts
+        flat = frames[np.repeat(offsets[at] - (np.cumsum(n) - n), n) + np.arange(int(n.sum()))]
+        bound = np.concatenate(([0], np.cumsum(n)))
+        ends = np.cumsum(smp.depth[::-1])
+        lo, hi = (bound[ends - smp.depth[::-1]] * 8).tolist(), (bound[ends] * 8).tolist()
+        view = memoryview(flat.tobytes())
+        stacks = [int.from_bytes(hashlib.blake2b(view[a:b], digest_size=8,
+                                                 person=b"ember-stack").digest(), "little")
+                  for a, b in zip(lo, hi, strict=True)]
+        for stk, a, b in zip(stacks, lo, hi, strict=True):
+            if stk not in self.stacks and stk not in rows.new_stacks:
+                rows.new_stacks[stk] = tuple(flat[a // 8:b // 8].tolist())
+        stacks.reverse()
+        threads, tnames = [], []
+        for labels in smp.label_sets:
+            tkey: ThreadKey = sample_context(st, labels)
+            th = thread_id(tkey)
+            if th not in self.threads:
+                rows.new_threads[th] = tkey
+            threads.append(th)
+            tnames.append(thread_name_id(tkey[2]))
+        n_samples, width = len(smp.depth), len(p.sample_type)
+        stack = np.array(stacks, np.uint64)
+        thread = np.array(threads, np.uint64)[smp.label_set]
+        tname = np.array(tnames, np.uint64)[smp.label_set]
+        values = smp.values.reshape(n_samples, width)
+        pairs = np.stack([thread, stack], axis=1) if n_samples else np.zeros((0, 2), np.uint64)
+        if len(np.unique(pairs, axis=0)) < n_samples:
+            # the same stack twice in one profile (other sample labels): summed
+            merged: dict[tuple[int, int], list[int]] = {}
+            first: dict[tuple[int, int], int] = {}
+            for i, (key, vs) in enumerate(zip(map(tuple, pairs.tolist()), values.tolist(),
+                                              strict=True)):
+                if key in merged:
+                    merged[key] = [a + b for a, b in zip(merged[key], vs, strict=True)]
+                else:
+                    merged[key], first[key] = vs, i
+            keep = np.array(list(first.values()), np.int64)
+            stack, thread, tname = stack[keep], thread[keep], tname[keep]
+            values = np.array(list(merged.values()), np.int64).reshape(len(keep), width)
+        time_ns, end_ns, sid, tid_type = fixed
+        m = len(stack)
+        chunk: dict[str, npt.NDArray[np.generic]] = {
+            "time_ns": np.full(m, time_ns, np.int64), "end_ns": np.full(m, end_ns, np.int64),
+            "series": np.full(m, sid, np.uint64), "type": np.full(m, tid_type, np.uint64),
+            "thread": thread, "tname": tname, "stack": stack}
+        for i in range(MAX_VALUES):
+            chunk[f"v{i}"] = (np.ascontiguousarray(values[:, i]) if i < width
+                              else np.zeros(m, np.int64))
+        rows.chunks.append(chunk)
+
+    def _location_frames(self, p: pb.Profile, st: list[str], t: decode.Tables,
+                         rows: Rows) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.int64]]:
+        """Every location's frame ids (root first), one after another, and
+        how many each has."""
+        loc, fn = t.locations, t.functions
+        # functions as small ids of their (name, system name, file)
+        used = np.unique(np.concatenate([fn.name, fn.system_name, fn.filename]))
+        ids = np.zeros(len(st), np.uint64)
+        ids[used] = _small(self._strings, [st[i] for i in used.tolist()])
+        fkeys = np.stack([ids[fn.name], ids[fn.system_name], ids[fn.filename]], axis=1)
+        fids = np.array([0, *_small(self._functions, _row_bytes(fkeys))], np.uint64)
+        mkeys = [None, *((m.memory_start, m.memory_limit, m.file_offset, st[m.filename],
+                          st[m.build_id], m.has_functions) for m in p.mapping)]
+        mids = np.array([0, *_small(self._mappings, mkeys[1:])], np.uint64)
+        # a location's content: mapping, address, lines, (function, line) per line
+        n_loc = len(loc.id)
+        pos = np.arange(len(loc.line_location)) - np.repeat(np.cumsum(loc.lines) - loc.lines,
+                                                            loc.lines)
+        keys = np.empty(n_loc, object)
+        for width in np.unique(loc.lines).tolist():
+            rec = np.zeros((n_loc, 3 + 2 * width), np.uint64)
+            rec[:, 0], rec[:, 1], rec[:, 2] = mids[loc.mapping], loc.address, loc.lines
+            sel = loc.lines[loc.line_location] == width
+            rec[loc.line_location[sel], 3 + 2 * pos[sel]] = fids[loc.line_function[sel]]
+            rec[loc.line_location[sel], 4 + 2 * pos[sel]] = loc.line_line[sel].view(np.uint64)
+            of_width = loc.lines == width
+            keys[of_width] = _objects(_row_bytes(rec[of_width]))
+        key_list = keys.tolist()
+        found = list(map(self._locations.get, key_list))
+        if None in found:
+            for i, key in enumerate(key_list):
+                if found[i] is None:
+                    got = rows.new_locations.get(key)
+                    if got is None:
+                        got = rows.new_locations[key] = self._new_location(p, st, i, mkeys, rows)
+                    found[i] = got
+        done = cast(list[tuple[int, ...]], found)
+        return (np.fromiter(chain.from_iterable(done), np.uint64),
+                np.fromiter(map(len, done), np.int64, n_loc))
+
+    def _new_location(self, p: pb.Profile, st: list[str], i: int,
+                      mkeys: list[MappingKey | None], rows: Rows) -> tuple[int, ...]:
+        location = p.location[i]
+        fns = p.function
+        lines = tuple((ln.line, (st[fns[ln.function_id - 1].name],
+                                 st[fns[ln.function_id - 1].system_name],
+                                 st[fns[ln.function_id - 1].filename]))
+                      for ln in location.line)
+        frames = location_frames(st, location, mkeys[location.mapping_id], lines)
+        ids = tuple(frame_id(f) for f in frames)
+        for fid, frame in zip(ids, frames, strict=True):
+            if fid not in self.frames:
+                rows.new_frames[fid] = frame
+        return ids
 
     def commit(self, rows: Rows) -> None:
         """What ``rows`` added is in the store now (called after its commit:
@@ -210,3 +349,25 @@ class Interner:
                 rows.new_locations[key] = ids
             out[loc.id] = ids
         return out
+
+
+def _row_bytes(a: npt.NDArray[np.uint64]) -> list[bytes]:
+    """Each row of a 2-D array as bytes (a dict key)."""
+    a = np.ascontiguousarray(a)
+    return cast(list[bytes], a.view(np.dtype((np.void, a.shape[1] * 8))).ravel().tolist())
+
+
+def _small(table: dict[Any, int], keys: list[Any]) -> list[int]:
+    """The small ids of ``keys`` in ``table``, new ones given out."""
+    got = list(map(table.get, keys))
+    if None in got:
+        for i, key in enumerate(keys):
+            if got[i] is None:
+                got[i] = table.setdefault(key, len(table) + 1)
+    return cast(list[int], got)
+
+
+def _objects(items: list[Any]) -> npt.NDArray[np.object_]:
+    out = np.empty(len(items), object)
+    out[:] = items
+    return out

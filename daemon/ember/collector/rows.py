@@ -19,6 +19,7 @@ from .matchers import Matchers
 from .tables import shape_of
 
 if TYPE_CHECKING:
+    from .decode import Tables
     from .store import Store
 
 
@@ -32,6 +33,7 @@ class StoredProfile:
     samples: int          # sum of the first sample value (for timelines)
     data: bytes           # gzip pprof, as received (its size counts)
     proto: pb.Profile | None = field(default=None, compare=False, repr=False)
+    tables: Tables | None = field(default=None, compare=False, repr=False)  # proto's, read
 
 
 @dataclass(frozen=True)

@@ -156,7 +156,7 @@ class Store:
                     p, _ = parse(decompress(sp.data, DEFAULT_LIMITS.max_profile_size)[0],
                                  DEFAULT_LIMITS)
                 self.interner.add(rows, p, sp.series_labels, sp.type, sp.time_ns,
-                                  sp.time_ns + sp.duration_ns)
+                                  sp.time_ns + sp.duration_ns, sp.tables)
                 meta.append((sp, shape_json(profile_shape(p))))
             self._commit(rows, meta, now)
         return len(meta), len(profiles) - len(meta)

@@ -18,6 +18,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import NamedTuple
 
+import numpy as np
 from google.protobuf.message import DecodeError
 
 from ..encode.pprof import repaired
@@ -25,6 +26,7 @@ from ..encode.writeraw import LABEL_NAME, PROFILE_ID_PREFIX
 from ..model import MAX_STACK_DEPTH, TRUNCATED
 from ..proto import profile_pb2 as pb
 from ..proto import profilestore_pb2 as ps
+from . import decode
 from .store import StoredProfile
 
 METRIC_NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
@@ -156,14 +158,15 @@ def _at_most(n: int, limit: int, what: str) -> None:
         raise InvalidRequest(f"{n} {what}, at most {limit}")
 
 
-def check_profile(p: pb.Profile, n_exec_info: int,
-                  limits: Limits = DEFAULT_LIMITS) -> tuple[int, bool]:
+def check_profile(p: pb.Profile, n_exec_info: int, limits: Limits = DEFAULT_LIMITS,
+                  tables: decode.Tables | None = None) -> tuple[int, bool]:
     """Everything a query relies on: indices and ids in range, counts within
     ``limits``, values not negative, numeric labels numbers. Returns the sum
     of the samples' first values and whether a sample may be deeper than
     ``MAX_STACK_DEPTH`` frames (for ``cap_stacks``). This runs for every
-    profile written: one pass, plain loops, no message built unless something
-    is wrong."""
+    profile written: given the profile's ``tables`` (collector/decode.py),
+    the per-location, per-function and per-sample checks run on arrays, and
+    the plain loops run only to say what is wrong."""
     st = p.string_table
     n_str = len(st)
     _at_most(n_str, limits.max_strings, "strings")
@@ -188,6 +191,11 @@ def check_profile(p: pb.Profile, n_exec_info: int,
         s(i, "profile string")
     if p.period < 0:
         raise InvalidRequest(f"negative period {p.period}")
+    if tables is not None:
+        fast = _check_tables(p, tables, n_exec_info, limits)
+        if fast is not None:
+            return fast
+        # something is wrong: the loops below say what
     for kind, ids in (("mapping", [m.id for m in p.mapping]),
                       ("location", [loc.id for loc in p.location]),
                       ("function", [f.id for f in p.function])):
@@ -248,6 +256,54 @@ def check_profile(p: pb.Profile, n_exec_info: int,
     return total, longest * widest > MAX_STACK_DEPTH
 
 
+def _check_tables(p: pb.Profile, t: decode.Tables, n_exec_info: int,
+                  limits: Limits) -> tuple[int, bool] | None:
+    """``check_profile``'s per-item checks on arrays: its result if all hold,
+    else None (a label's number that is not one raises, as there)."""
+    n_str, n_map = len(p.string_table), len(p.mapping)
+    loc, fn, smp = t.locations, t.functions, t.samples
+    n_loc, n_fn, n_types = len(loc.id), len(fn.id), len(p.sample_type)
+    if (any(m.id != i + 1 for i, m in enumerate(p.mapping))
+            or not np.array_equal(loc.id, np.arange(1, n_loc + 1, dtype=np.uint64))
+            or not np.array_equal(fn.id, np.arange(1, n_fn + 1, dtype=np.uint64))
+            or any(m.filename >= n_str or m.build_id >= n_str or m.filename < 0
+                   or m.build_id < 0 for m in p.mapping)):
+        return None
+    if n_fn and max(int(fn.name.max()), int(fn.system_name.max()),
+                    int(fn.filename.max())) >= n_str:
+        return None
+    widest = max(1, loc.widest)
+    if (widest > limits.max_lines_per_location
+            or (n_loc and int(loc.mapping.max()) > n_map)
+            or (len(loc.line_function) and (int(loc.line_function.min()) < 1
+                                            or int(loc.line_function.max()) > n_fn))):
+        return None
+    entries = len(smp.locations)
+    if ((len(smp.width) and (smp.width != n_types).any())
+            or (len(smp.values) and int(smp.values.min()) < 0)
+            or (entries and (int(smp.locations.min()) < 1
+                             or int(smp.locations.max()) > n_loc))
+            or entries > limits.max_stack_entries
+            or (n_exec_info and n_exec_info != n_map)):
+        return None
+    st = p.string_table
+    numeric = {i for i, x in enumerate(st) if x in NUMERIC_LABELS} if p.sample else set()
+    for labels in t.samples.label_sets:
+        if len(labels.label) > limits.max_labels_per_sample:
+            return None
+        for lb in labels.label:
+            if not (0 < lb.key < n_str and 0 <= lb.str < n_str and 0 <= lb.num_unit < n_str):
+                return None
+            if lb.str and lb.key in numeric:
+                try:
+                    _check_number(st[lb.key], st[lb.str])
+                except InvalidRequest:
+                    return None
+    total = sum(smp.values[::n_types].tolist()) if n_types else 0
+    longest = int(smp.depth.max(initial=0))
+    return total, longest * widest > MAX_STACK_DEPTH
+
+
 def _check_number(key: str, value: str) -> None:
     """A pid or tid label given as a string must read as an int64, as the
     query side reads it."""
@@ -298,6 +354,7 @@ class Checked(NamedTuple):
     profile: pb.Profile
     data: bytes         # what to store: gzip pprof of exactly ``profile``
     samples: int        # sum of the samples' first values, at most INT64_MAX
+    tables: decode.Tables | None  # ``profile``'s tables, if read in bulk
 
 
 def read_profile(data: bytes, limits: Limits = DEFAULT_LIMITS, n_exec_info: int = 0,
@@ -309,7 +366,11 @@ def read_profile(data: bytes, limits: Limits = DEFAULT_LIMITS, n_exec_info: int 
     anew. ``repairs`` counts by what was changed ("utf8", "depth")."""
     raw, members = decompress(data, limits.max_profile_size, limits.max_gzip_members)
     p, repaired = parse(raw, limits)
-    total, deep = check_profile(p, n_exec_info, limits)
+    _at_most(len(p.location), limits.max_locations, "locations")  # before reading them
+    _at_most(len(p.function), limits.max_functions, "functions")
+    _at_most(len(p.sample), limits.max_samples, "samples")
+    tables = decode.read(p)
+    total, deep = check_profile(p, n_exec_info, limits, tables)
     capped = deep and cap_stacks(p)
     if repairs is not None and repaired:
         repairs["utf8"] += 1
@@ -317,7 +378,7 @@ def read_profile(data: bytes, limits: Limits = DEFAULT_LIMITS, n_exec_info: int 
         repairs["depth"] += 1
     if members != 1 or repaired or capped:
         data = gzip.compress(p.SerializeToString(), compresslevel=6, mtime=0)
-    return Checked(p, data, min(total, INT64_MAX))
+    return Checked(p, data, min(total, INT64_MAX), None if capped else tables)
 
 
 def check_times(p: pb.Profile, limits: Limits, now_ns: int) -> None:
@@ -370,7 +431,7 @@ def check_request(req: ps.WriteRawRequest, limits: Limits, now_ns: int,
             if not sample.raw_profile:
                 raise InvalidRequest(f"{where}: empty raw_profile")
             try:
-                p, gz, total = read_profile(sample.raw_profile, limits,
+                p, gz, total, tables = read_profile(sample.raw_profile, limits,
                                             len(sample.executable_info), fixes)
                 check_times(p, limits, now_ns)
             except InvalidRequest as exc:
@@ -379,7 +440,7 @@ def check_request(req: ps.WriteRawRequest, limits: Limits, now_ns: int,
                 profile_id=profile_id(gz, p), series_labels=labels,
                 type=profile_type(name, p), time_ns=p.time_nanos or now_ns,
                 duration_ns=p.duration_nanos,
-                samples=total, data=gz, proto=p))
+                samples=total, data=gz, proto=p, tables=tables))
     if repairs is not None:
         repairs.update(fixes)  # only for a request accepted whole
     return out

@@ -1,0 +1,197 @@
+"""Profiles read in bulk (collector/decode.py) say exactly what reading them
+message by message says: the same tables, the same verdict on what is
+valid, the same rows stored; and what the bulk reader does not know is left
+to the message-by-message path."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from unittest import mock
+
+import numpy as np
+import pytest
+
+from ember.collector import decode
+from ember.collector.intern import Interner, Rows
+from ember.collector.validate import DEFAULT_LIMITS, InvalidRequest, Limits, check_profile
+from ember.proto import profile_pb2 as pb
+
+SERIES = [("__name__", "process_cpu")]
+
+
+def varied(rng: random.Random, names: tuple[str, ...] = ("main", "worker")) -> pb.Profile:
+    """A profile using what pprof allows: inlined lines, columns, folded
+    locations, addresses past 2^63, no mapping, negative and large line
+    numbers, samples without locations, string and numeric labels, the same
+    stack under two label sets and twice under one."""
+    st = ["", "samples", "count", "cpu", "nanoseconds", "/bin/app", "b1d", "pid", "tid",
+          "thread_name", "pool", *names, *(f"fn_{i}" for i in range(40)), "a.c"]
+    p = pb.Profile(string_table=st, period=10)
+    p.sample_type.add(type=1, unit=2)
+    p.sample_type.add(type=3, unit=4)
+    p.mapping.add(id=1, memory_start=0x1000, memory_limit=0x90000, filename=5, build_id=6,
+                  has_functions=True)
+    p.mapping.add(id=2, memory_start=1 << 62, memory_limit=(1 << 64) - 1, filename=5)
+    first_fn = len(st) - 41
+    for i in range(40):
+        p.function.add(id=i + 1, name=first_fn + i, system_name=first_fn + (i * 7) % 40,
+                       filename=len(st) - 1 if i % 3 else 0, start_line=i * 1000)
+    for i in range(60):
+        loc = p.location.add(id=i + 1, mapping_id=[0, 1, 2][i % 3],
+                             address=[0, 0x1234 + i, (1 << 63) + i][i % 3], is_folded=i % 5 == 0)
+        for _ in range(rng.choice([0, 1, 1, 1, 2, 3])):
+            loc.line.add(function_id=rng.randint(1, 40),
+                         line=rng.choice([0, 7, -3, 1 << 40]), column=rng.randint(0, 300))
+    threads = [(7, 100, 0, 11), (7, 101, 0, 12), (7, 102, 0, 0)]
+    for i in range(200):
+        x = p.sample.add(location_id=[rng.randint(1, 60) for _ in range(rng.randint(0, 12))],
+                         value=[rng.choice([0, 1, 5, 1 << 50]), rng.randint(0, 10**9)])
+        pid_key, tid, _, name = rng.choice(threads)
+        x.label.add(key=pid_key, num=4242)
+        x.label.add(key=8, num=tid)
+        if name:
+            x.label.add(key=9, str=name)
+        if i % 4 == 0:
+            x.label.add(key=10, str=11, num_unit=0)
+    dup = p.sample.add()
+    dup.CopyFrom(p.sample[3])
+    return p
+
+
+def one_by_one(p: pb.Profile) -> dict[str, list[object]]:
+    return {
+        "loc_id": [loc.id for loc in p.location],
+        "loc_mapping": [loc.mapping_id for loc in p.location],
+        "loc_address": [loc.address for loc in p.location],
+        "lines": [len(loc.line) for loc in p.location],
+        "line_function": [ln.function_id for loc in p.location for ln in loc.line],
+        "line_line": [ln.line for loc in p.location for ln in loc.line],
+        "fn": [(f.id, f.name, f.system_name, f.filename) for f in p.function],
+        "sample_locations": [i for x in p.sample for i in x.location_id],
+        "depth": [len(x.location_id) for x in p.sample],
+        "values": [v for x in p.sample for v in x.value],
+        "labels": [[(lb.key, lb.str, lb.num, lb.num_unit) for lb in x.label] for x in p.sample]}
+
+
+def in_bulk(t: decode.Tables) -> dict[str, list[object]]:
+    loc, fn, smp = t.locations, t.functions, t.samples
+    return {
+        "loc_id": loc.id.tolist(), "loc_mapping": loc.mapping.tolist(),
+        "loc_address": loc.address.tolist(), "lines": loc.lines.tolist(),
+        "line_function": loc.line_function.tolist(), "line_line": loc.line_line.tolist(),
+        "fn": list(zip(fn.id.tolist(), fn.name.tolist(), fn.system_name.tolist(),
+                       fn.filename.tolist(), strict=True)),
+        "sample_locations": smp.locations.tolist(), "depth": smp.depth.tolist(),
+        "values": smp.values.tolist(),
+        "labels": [[(lb.key, lb.str, lb.num, lb.num_unit) for lb in smp.label_sets[i].label]
+                   for i in smp.label_set.tolist()]}
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_tables_read_in_bulk_are_the_messages(seed: int) -> None:
+    p = varied(random.Random(seed))
+    t = decode.read(p)
+    assert t is not None
+    assert in_bulk(t) == one_by_one(p)
+
+
+def test_what_the_bulk_reader_does_not_know_goes_message_by_message() -> None:
+    p = varied(random.Random(1))
+    # a field number Location does not have (15, a varint), as a newer
+    # writer could send: kept by the runtime, unknown to the bulk reader
+    odd = pb.Location.FromString(p.location[4].SerializeToString() + b"\x78\x01")
+    p.location[4].CopyFrom(odd)
+    assert decode.read(p) is None
+    q = varied(random.Random(1))
+    rows_slow, rows_fast = Rows(), Rows()
+    Interner().add(rows_slow, p, SERIES, "t", 1, 2)  # reads one by one
+    Interner().add(rows_fast, q, SERIES, "t", 1, 2)
+    assert same_rows(rows_slow, rows_fast)
+
+
+def same_rows(a: Rows, b: Rows) -> bool:
+    ca, cb = a.columns(), b.columns()
+    oa, ob = np.lexsort((ca["stack"], ca["thread"])), np.lexsort((cb["stack"], cb["thread"]))
+    return (all(np.array_equal(ca[k][oa], cb[k][ob]) for k in ca)
+            and (a.new_frames, a.new_stacks, a.new_threads, a.new_series)
+            == (b.new_frames, b.new_stacks, b.new_threads, b.new_series))
+
+
+def test_rows_from_tables_are_the_rows_read_message_by_message() -> None:
+    profiles = [varied(random.Random(s)) for s in range(5)]
+    slow, fast = Interner(), Interner()
+    for p in profiles:  # the later ones find what the earlier ones interned
+        a, b = Rows(), Rows()
+        with mock.patch.object(decode, "read", lambda _: None):
+            slow.add(a, p, SERIES, "cpu", 10, 20)
+        fast.add(b, p, SERIES, "cpu", 10, 20)
+        assert len(b) < len(p.sample)  # the copied sample was summed into its first
+        assert same_rows(a, b)
+        slow.commit(a)
+        fast.commit(b)
+
+
+@pytest.mark.parametrize("bulk", [False, True])
+def test_thread_names_are_read_from_each_profiles_own_strings(bulk: bool) -> None:
+    """Two profiles whose thread names sit at the same string index: each
+    sample keeps its own profile's name (the label's indices are not
+    content; a cache keyed by them gave the second profile the first's)."""
+    it = Interner()
+    got = []
+    for names in (("alpha", "beta"), ("gamma", "delta")):
+        rows = Rows()
+        with mock.patch.object(decode, "read", decode.read if bulk else lambda _: None):
+            it.add(rows, varied(random.Random(3), names), SERIES, "cpu", 1, 2)
+        it.commit(rows)
+        got.append({it.threads[t][2] for t in rows.columns()["thread"].tolist()})
+    assert got == [{"alpha", "beta", ""}, {"gamma", "delta", ""}]
+
+
+def verdict(p: pb.Profile, bulk: bool, limits: Limits) -> object:
+    try:
+        return check_profile(p, 0, limits, decode.read(p) if bulk else None)
+    except InvalidRequest as exc:
+        return str(exc)
+
+
+BREAKS: list[Callable[[pb.Profile, random.Random], object]] = [
+    lambda p, r: setattr(p.location[r.randrange(60)], "mapping_id", 3),
+    lambda p, r: p.location[r.randrange(60)].line.add(function_id=41),
+    lambda p, r: p.location[r.randrange(60)].line.add(function_id=0),
+    lambda p, r: setattr(p.location[r.randrange(60)], "id", 99),
+    lambda p, r: setattr(p.function[r.randrange(40)], "id", 0),
+    lambda p, r: setattr(p.function[r.randrange(40)], "name", 10**6),
+    lambda p, r: setattr(p.function[r.randrange(40)], "filename", -1),
+    lambda p, r: setattr(p.mapping[1], "build_id", 999),
+    lambda p, r: p.sample[r.randrange(200)].location_id.append(61),
+    lambda p, r: p.sample[r.randrange(200)].location_id.append(0),
+    lambda p, r: p.sample[r.randrange(200)].value.append(1),
+    lambda p, r: p.sample[r.randrange(200)].value.__setitem__(1, -5),
+    lambda p, r: p.sample[r.randrange(200)].label.add(key=0, num=1),
+    lambda p, r: p.sample[r.randrange(200)].label.add(key=9, str=10**5),
+    lambda p, r: p.sample[r.randrange(200)].label.add(key=7, str=11),  # pid "alpha"
+    lambda p, r: p.sample[r.randrange(200)].label.extend(
+        [pb.Label(key=10, num=i) for i in range(70)]),
+]
+
+
+@pytest.mark.parametrize("k", range(len(BREAKS)))
+def test_bulk_checks_refuse_what_the_loops_refuse_with_their_message(k: int) -> None:
+    for seed in range(4):
+        rng = random.Random(seed)
+        p = varied(rng)
+        assert verdict(p, True, DEFAULT_LIMITS) == verdict(p, False, DEFAULT_LIMITS)
+        BREAKS[k](p, rng)
+        slow = verdict(p, False, DEFAULT_LIMITS)
+        assert isinstance(slow, str), "the change must make the profile invalid"
+        assert verdict(p, True, DEFAULT_LIMITS) == slow
+
+
+def test_bulk_checks_hold_the_limits() -> None:
+    p = varied(random.Random(2))
+    for limits in (Limits(max_lines_per_location=2), Limits(max_stack_entries=100),
+                   Limits(max_labels_per_sample=2)):
+        slow = verdict(p, False, limits)
+        assert isinstance(slow, str)
+        assert verdict(p, True, limits) == slow
