@@ -83,7 +83,13 @@ def known(tags: U64, table: npt.NDArray[np.bool_]) -> bool:
 
 def varint_size(v: U64) -> I64:
     """Bytes each value takes as a varint."""
-    return (1 + np.searchsorted(_VARINT_STEPS, v, side="right")).astype(np.int64)
+    out = np.ones(len(v), np.int64)
+    top = int(v.max(initial=0))
+    for step in _VARINT_STEPS.tolist():
+        if step > top:
+            break
+        out += v >= step
+    return out
 
 
 @dataclass(frozen=True)
@@ -149,7 +155,8 @@ def locations(p: pb.Profile) -> Locations | None:
     is_line = d.tags == LOC_LINE
     line_at = np.flatnonzero(is_line)
     # a line's pairs are the bytes after its length varint, for that length
-    content = d.start[line_at] + 1 + varint_size(d.values[line_at])
+    # a line's pairs start right after its length (the next pair's tag)
+    content = np.append(d.start, d.start[-1] + d.width[-1] if len(d.start) else 0)[line_at + 1]
     content_end = content + d.values[line_at].astype(np.int64)
     k = np.cumsum(is_line) - 1  # each pair's latest line (its own, if it is in one)
     inside = (k >= 0) & ~is_line & (d.start < content_end[np.maximum(k, 0)])
