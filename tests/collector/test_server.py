@@ -37,9 +37,12 @@ def start(tmp_path: Path, **kw: object) -> Collector:
     return c
 
 
-@pytest.fixture
-def collector(tmp_path: Path) -> Iterator[Collector]:
-    c = start(tmp_path, max_request_size=1 << 20, max_profile_size=1 << 20)
+@pytest.fixture(params=[0, 1], ids=["in-process", "decode-worker"])
+def collector(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Collector]:
+    """A collector that reads requests itself, and one whose decode worker
+    (a real process) does."""
+    c = start(tmp_path, max_request_size=1 << 20, max_profile_size=1 << 20,
+              decode_workers=request.param)
     yield c
     c.close()
 

@@ -318,6 +318,33 @@ class Interner:
                 rows.new_frames[fid] = frame
         return ids
 
+    def adopt(self, rows: Rows, made: Rows) -> bool:
+        """Add rows another interner made (a worker's) to ``rows``, keeping
+        of what it calls new only what is new here. False, adding nothing,
+        if they name a stack or frame neither stored nor sent along (that
+        interner sent it before, for a write that failed)."""
+        have_stacks = (self.stacks, made.new_stacks, rows.new_stacks)
+        have_frames = (self.frames, made.new_frames, rows.new_frames)
+        stacks = set(made.columns()["stack"].tolist())
+        if (any(not any(s in h for h in have_stacks) for s in stacks)
+                or any(not any(f in h for h in have_frames)
+                       for sid, frames in made.new_stacks.items() if sid not in self.stacks
+                       for f in frames)):
+            return False
+        rows.new_frames.update((k, v) for k, v in made.new_frames.items()
+                               if k not in self.frames)
+        rows.new_stacks.update((k, v) for k, v in made.new_stacks.items()
+                               if k not in self.stacks)
+        rows.new_threads.update((k, v) for k, v in made.new_threads.items()
+                                if k not in self.threads)
+        rows.new_series.update((sid, key) for sid, key in made.new_series.items()
+                               if key not in self.series)
+        rows.chunks.append(made.columns())
+        return True
+
+    def remember_locations(self, rows: Rows) -> None:
+        self._locations.update(rows.new_locations)
+
     def commit(self, rows: Rows) -> None:
         """What ``rows`` added is in the store now (called after its commit:
         a write that failed leaves the interner as it was)."""

@@ -39,8 +39,10 @@ from ..proto import profilestore_pb2 as ps
 from ..proto import profilestore_pb2_grpc as ps_grpc
 from . import index_file, web
 from .api import Api, error
+from .intern import Rows
 from .store import Store
 from .validate import InvalidRequest, Limits, check_request
+from .workers import Workers
 
 log = logging.getLogger(__name__)
 
@@ -84,9 +86,15 @@ class _Servicer(ps_grpc.ProfileStoreServiceServicer):
         if not c.authorized(dict(context.invocation_metadata()).get("authorization", "")):
             c.metrics.requests.labels("unauthenticated").inc()
             context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token")
+        made: list[tuple[str, Rows]] = []
         try:
             repairs: Counter[str] = Counter()
-            profiles = check_request(request, c.limits, time.time_ns(), repairs)
+            if c.workers is not None:
+                prepared, repairs = c.workers.prepare(request, time.time_ns())
+                profiles = [x.profile for x in prepared]
+                made = [(x.shape, x.rows) for x in prepared]
+            else:
+                profiles = check_request(request, c.limits, time.time_ns(), repairs)
         except InvalidRequest as exc:
             c.metrics.requests.labels("invalid_argument").inc()
             c.metrics.rejected.labels("invalid").inc()
@@ -94,7 +102,7 @@ class _Servicer(ps_grpc.ProfileStoreServiceServicer):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         try:
             c.store.make_room(c.cfg.max_storage_size, sum(len(p.data) for p in profiles))
-            stored, dup = c.store.write(profiles)
+            stored, dup = c.store.write(profiles, made)
         except StorageError as exc:
             # retryable: the agent keeps the request spooled and comes back
             c.metrics.requests.labels("unavailable").inc()
@@ -132,6 +140,7 @@ class Collector:
         self.registry = registry or CollectorRegistry()
         self.metrics = CollectorMetrics(self.registry)
         self.limits = Limits(max_profile_size=cfg.max_profile_size)
+        self.workers = Workers(cfg.decode_workers, self.limits) if cfg.decode_workers else None
         self.store = Store(cfg.storage)
         self.metrics.storage_bytes.set_function(self.store.size_bytes)
         self._refused_at, self._refused_why = -1e9, ""
@@ -260,6 +269,8 @@ class Collector:
         if self._http is not None:
             self._http.shutdown()
             self._http.server_close()
+        if self.workers is not None:
+            self.workers.close()
         self._save_index()
         self.store.close()
 

@@ -132,8 +132,10 @@ class Store:
             self._db.close()
 
     # --- writing ---
-    def write(self, profiles: Sequence[StoredProfile]) -> tuple[int, int]:
-        """Store all or nothing; returns (stored, duplicates)."""
+    def write(self, profiles: Sequence[StoredProfile],
+              made: Sequence[tuple[str, Rows]] = ()) -> tuple[int, int]:
+        """Store all or nothing; returns (stored, duplicates). ``made``: each
+        profile's shape and rows, made by a worker (collector/workers.py)."""
         from .validate import DEFAULT_LIMITS, decompress, parse  # rows without their proto
         now = time.time_ns()
         with self._lock:
@@ -147,10 +149,13 @@ class Store:
             rows = Rows()
             meta = []
             seen: set[str] = set()
-            for sp in profiles:
+            for i, sp in enumerate(profiles):
                 if sp.profile_id in have or sp.profile_id in seen:
                     continue
                 seen.add(sp.profile_id)
+                if made and self.interner.adopt(rows, made[i][1]):
+                    meta.append((sp, made[i][0]))
+                    continue
                 p = sp.proto
                 if p is None:
                     p, _ = parse(decompress(sp.data, DEFAULT_LIMITS.max_profile_size)[0],

@@ -275,6 +275,11 @@ class CollectorConfig:
         "RESOURCE_EXHAUSTED, which agents retry after a jittered backoff (nothing is "
         "dropped). Bounds the memory requests in flight take: this times max_request_size.",
         "int", 1, 100_000))
+    decode_workers: int = field(default=0, metadata=opt(
+        "Processes that validate WriteRaw requests and turn them into rows, beside the "
+        "collector's own (0: it does this itself). Reading a 1,000-stack profile is about "
+        "20 ms of CPU, so one process takes about 25 profiles a second; give the cores the "
+        "collector may use, less one (docs/storage.md, Ingest).", "int", 0, 64))
     max_profile_size: int = field(default=64 << 20, metadata=opt(
         "Largest decompressed pprof accepted (a gzip bomb is rejected).", "size", 1 << 16,
         1 << 31))
