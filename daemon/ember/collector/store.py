@@ -45,14 +45,14 @@ from ..errors import StorageError
 from ..httpserve import check_cancelled, on_cancel
 from ..model import ProfileType
 from .intern import Interner, Rows, ThreadKey, thread_name_id, type_id
-from .leaves import PERFECT_BITS, Leaves, Pending
+from .leaves import PERFECT_BITS, Leaves
 from .matchers import Matchers, selector
 from .rows import Aggregate, Row, StoredProfile, as_sent
 from .tables import (
     check_disk,
     create_or_upgrade,
-    frame_columns,
     frame_of_row,
+    insert,
     one,
     shape_json,
     shape_of,
@@ -174,7 +174,7 @@ class Store:
                                                 np.asarray(cols["stack"], np.uint64))
         try:
             self._db.execute("BEGIN TRANSACTION")
-            self._insert(rows, cols, pending, meta, now)
+            insert(self._db, rows, cols, pending, meta, now)
             self._db.execute("COMMIT")
         except BaseException as exc:
             self._rollback()
@@ -197,52 +197,6 @@ class Store:
         """Rows made by the caller (a benchmark's generated hour)."""
         with self._lock:
             self._commit(rows, meta, time.time_ns())
-
-    def _insert(self, rows: Rows, cols: dict[str, Any], pending: Pending,
-                meta: list[tuple[StoredProfile, str]], now: int) -> None:
-        db = self._db
-        if rows.new_series:
-            db.executemany("INSERT INTO series VALUES (?, ?, ?)",
-                           [(sid, dict(json.loads(k)).get("__name__", ""), k)
-                            for sid, k in rows.new_series.items()])
-        if rows.new_frames:
-            self._append("frames", frame_columns(rows.new_frames))
-        if rows.new_stacks:
-            self._append("stacks", {
-                "id": np.fromiter(rows.new_stacks, np.uint64, len(rows.new_stacks)),
-                "frames": np.array([array("Q", f).tobytes() for f in rows.new_stacks.values()],
-                                   dtype=object)})
-        if rows.new_threads:
-            db.executemany("INSERT INTO threads VALUES (?, ?, ?, ?, ?)",
-                           [(t, k[0], k[1], k[2], json.dumps(k[3]))
-                            for t, k in rows.new_threads.items()])
-        if meta:
-            from .intern import labels_json, series_id
-            ps = [sp for sp, _ in meta]
-            self._append("profiles", {
-                "profile_id": np.array([sp.profile_id for sp in ps], dtype=object),
-                "series": np.array([series_id(labels_json(sp.series_labels)) for sp in ps],
-                                   np.uint64),
-                "type": np.array([sp.type for sp in ps], dtype=object),
-                "type_id": np.array([type_id(sp.type) for sp in ps], np.uint64),
-                "shape": np.array([shape for _, shape in meta], dtype=object),
-                "time_ns": np.array([sp.time_ns for sp in ps], np.int64),
-                "duration_ns": np.array([sp.duration_ns for sp in ps], np.int64),
-                "received_ns": np.full(len(ps), now, np.int64),
-                "samples": np.array([min(sp.samples, (1 << 63) - 1) for sp in ps], np.int64),
-                "bytes": np.array([len(sp.data) for sp in ps], np.int64)})
-        if len(pending.ids):
-            self._append("leaves", pending.columns())
-        if len(rows):
-            self._append("samples", cols)
-
-    def _append(self, table: str, cols: dict[str, Any]) -> None:
-        self._db.register("_incoming", cols)
-        try:
-            names = ", ".join(cols)
-            self._db.execute(f"INSERT INTO {table} ({names}) SELECT {names} FROM _incoming")
-        finally:
-            self._db.unregister("_incoming")
 
     def _rollback(self) -> None:
         try:

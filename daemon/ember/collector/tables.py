@@ -14,16 +14,21 @@ from __future__ import annotations
 import json
 import logging
 import os
+from array import array
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import duckdb
 import numpy as np
 
 from ..errors import StorageError, StorageFull
 from ..model import Frame, FrameKind, Mapping, ProfileType
-from .intern import MAX_VALUES
+from .intern import MAX_VALUES, Rows, labels_json, series_id, type_id
 from .leaves import upgrade
+
+if TYPE_CHECKING:
+    from .leaves import Pending
+    from .rows import StoredProfile
 
 log = logging.getLogger(__name__)
 
@@ -144,3 +149,49 @@ def check_disk(path: str, incoming: int) -> None:
     if free < incoming + DISK_MARGIN:
         raise StorageFull(f"the disk is full ({free} bytes free, "
                           f"{incoming + DISK_MARGIN} needed)")
+
+
+def insert(db: duckdb.DuckDBPyConnection, rows: Rows, cols: dict[str, Any],
+           pending: Pending, meta: list[tuple[StoredProfile, str]], now: int) -> None:
+    """A write's rows into their tables, in the caller's transaction."""
+    if rows.new_series:
+        db.executemany("INSERT INTO series VALUES (?, ?, ?)",
+                       [(sid, dict(json.loads(k)).get("__name__", ""), k)
+                        for sid, k in rows.new_series.items()])
+    if rows.new_frames:
+        _append(db, "frames", frame_columns(rows.new_frames))
+    if rows.new_stacks:
+        _append(db, "stacks", {
+            "id": np.fromiter(rows.new_stacks, np.uint64, len(rows.new_stacks)),
+            "frames": np.array([array("Q", f).tobytes() for f in rows.new_stacks.values()],
+                               dtype=object)})
+    if rows.new_threads:
+        db.executemany("INSERT INTO threads VALUES (?, ?, ?, ?, ?)",
+                       [(t, k[0], k[1], k[2], json.dumps(k[3]))
+                        for t, k in rows.new_threads.items()])
+    if meta:
+        ps = [sp for sp, _ in meta]
+        _append(db, "profiles", {
+            "profile_id": np.array([sp.profile_id for sp in ps], dtype=object),
+            "series": np.array([series_id(labels_json(sp.series_labels)) for sp in ps],
+                               np.uint64),
+            "type": np.array([sp.type for sp in ps], dtype=object),
+            "type_id": np.array([type_id(sp.type) for sp in ps], np.uint64),
+            "shape": np.array([shape for _, shape in meta], dtype=object),
+            "time_ns": np.array([sp.time_ns for sp in ps], np.int64),
+            "duration_ns": np.array([sp.duration_ns for sp in ps], np.int64),
+            "received_ns": np.full(len(ps), now, np.int64),
+            "samples": np.array([min(sp.samples, (1 << 63) - 1) for sp in ps], np.int64),
+            "bytes": np.array([len(sp.data) for sp in ps], np.int64)})
+    if len(pending.ids):
+        _append(db, "leaves", pending.columns())
+    if len(rows):
+        _append(db, "samples", cols)
+
+def _append(db: duckdb.DuckDBPyConnection, table: str, cols: dict[str, Any]) -> None:
+    db.register("_incoming", cols)
+    try:
+        names = ", ".join(cols)
+        db.execute(f"INSERT INTO {table} ({names}) SELECT {names} FROM _incoming")
+    finally:
+        db.unregister("_incoming")
