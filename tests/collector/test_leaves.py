@@ -10,6 +10,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
+from ember.collector import tables
 from ember.collector.api import Api
 from ember.collector.matchers import selector
 from ember.collector.store import Store
@@ -107,18 +108,18 @@ def test_a_failed_write_gives_out_no_id(tmp_path: Path, monkeypatch: pytest.Monk
     rng = random.Random(5)
     write_fleet(store, rng, T0)
     n = check_ids(store)
-    real = store._append
+    real = tables._append
 
-    def failing(table: str, cols: dict[str, object]) -> None:
+    def failing(db: duckdb.DuckDBPyConnection, table: str, cols: dict[str, object]) -> None:
         if table == "samples":
             raise duckdb.IOException("the disk went away")
-        real(table, cols)
+        real(db, table, cols)
 
-    monkeypatch.setattr(store, "_append", failing)
+    monkeypatch.setattr(tables, "_append", failing)
     with pytest.raises(StorageError, match="the disk went away"):
         write_fleet(store, rng, T0 + S)
     assert check_ids(store) == n
-    monkeypatch.setattr(store, "_append", real)
+    monkeypatch.setattr(tables, "_append", real)
     write_fleet(store, rng, T0 + 2 * S)
     assert check_ids(store) > n
     store.close()

@@ -63,10 +63,22 @@ __all__ = ["Aggregate", "Row", "Store", "StoredProfile"]
 
 log = logging.getLogger(__name__)
 
+
+class _Write:
+    """A request's profiles waiting to be written, and then its outcome."""
+
+    def __init__(self, profiles: Sequence[StoredProfile], made: Sequence[tuple[str, Rows]]):
+        self.profiles, self.made = profiles, made
+        self.done = False
+        self.result = (0, 0)
+        self.error: BaseException | None = None
+
 class Store:
     def __init__(self, path: str | Path, memory_limit: str = "128MB"):
         self.path = str(path)
         self._lock = threading.Lock()
+        self._queued = threading.Lock()  # guards _queue: writes waiting for the lock
+        self._queue: list[_Write] = []
         self.generation = 0     # bumped by every change: query caches key on it
         # (generation, earliest time_ns written; -1: a delete) of recent changes
         self._changes: deque[tuple[int, int]] = deque(maxlen=256)
@@ -135,26 +147,52 @@ class Store:
     def write(self, profiles: Sequence[StoredProfile],
               made: Sequence[tuple[str, Rows]] = ()) -> tuple[int, int]:
         """Store all or nothing; returns (stored, duplicates). ``made``: each
-        profile's shape and rows, made by a worker (collector/workers.py)."""
+        profile's shape and rows, made by a worker (collector/workers.py).
+
+        Writes that wait for one another go in one transaction (a group
+        commit: the one that gets the lock writes every write queued by
+        then). A request is still stored whole or not at all; a failure
+        fails every request of its transaction, and each is retried."""
+        mine = _Write(profiles, made)
+        with self._queued:
+            self._queue.append(mine)
+        with self._lock:
+            if not mine.done:
+                with self._queued:
+                    batch, self._queue = self._queue, []
+                try:
+                    self._write(batch)
+                except BaseException as exc:
+                    for w in batch:
+                        w.error = exc
+                finally:
+                    for w in batch:
+                        w.done = True
+        if mine.error is not None:
+            raise mine.error
+        return mine.result
+
+    def _write(self, batch: list[_Write]) -> None:
         from .validate import DEFAULT_LIMITS, decompress, parse  # rows without their proto
         now = time.time_ns()
-        with self._lock:
-            ids = [p.profile_id for p in profiles]
-            try:
-                have = {r[0] for r in self._db.execute(
-                    "SELECT profile_id FROM profiles WHERE profile_id IN "
-                    "(SELECT unnest(?::VARCHAR[]))", (ids,)).fetchall()} if ids else set()
-            except duckdb.Error as exc:
-                raise storage_error("cannot store", exc) from None
-            rows = Rows()
-            meta = []
-            seen: set[str] = set()
-            for i, sp in enumerate(profiles):
+        ids = [sp.profile_id for w in batch for sp in w.profiles]
+        try:
+            have = {r[0] for r in self._db.execute(
+                "SELECT profile_id FROM profiles WHERE profile_id IN "
+                "(SELECT unnest(?::VARCHAR[]))", (ids,)).fetchall()} if ids else set()
+        except duckdb.Error as exc:
+            raise storage_error("cannot store", exc) from None
+        rows = Rows()
+        meta: list[tuple[StoredProfile, str]] = []
+        seen: set[str] = set()
+        for w in batch:
+            before = len(meta)
+            for i, sp in enumerate(w.profiles):
                 if sp.profile_id in have or sp.profile_id in seen:
                     continue
                 seen.add(sp.profile_id)
-                if made and self.interner.adopt(rows, made[i][1]):
-                    meta.append((sp, made[i][0]))
+                if w.made and self.interner.adopt(rows, w.made[i][1]):
+                    meta.append((sp, w.made[i][0]))
                     continue
                 p = sp.proto
                 if p is None:
@@ -163,8 +201,8 @@ class Store:
                 self.interner.add(rows, p, sp.series_labels, sp.type, sp.time_ns,
                                   sp.time_ns + sp.duration_ns, sp.tables)
                 meta.append((sp, shape_json(profile_shape(p))))
-            self._commit(rows, meta, now)
-        return len(meta), len(profiles) - len(meta)
+            w.result = (len(meta) - before, len(w.profiles) - (len(meta) - before))
+        self._commit(rows, meta, now)
 
     def _commit(self, rows: Rows, meta: list[tuple[StoredProfile, str]], now: int) -> None:
         """Write the rows of a request in one transaction (under the lock)."""

@@ -1,0 +1,79 @@
+"""Writes that wait for one another are stored in one transaction, each
+with its own answer, and a failed transaction fails each of its writes
+(none is half stored)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import replace
+
+import pytest
+
+from ember.collector.store import Store, StoredProfile
+from ember.collector.validate import DEFAULT_LIMITS, check_request
+from ember.errors import StorageError
+from ember.proto import profilestore_pb2 as ps
+from tests.support.collector import series
+from tests.support.waits import wait_for
+
+
+def profiles(n: int, tag: str) -> list[StoredProfile]:
+    (sp,) = check_request(ps.WriteRawRequest(series=[series(10)]), DEFAULT_LIMITS,
+                          time.time_ns())
+    return [replace(sp, profile_id=f"{tag}-{i}", time_ns=sp.time_ns + i) for i in range(n)]
+
+
+def queued_writes(store: Store, writes: list[list[StoredProfile]]
+                  ) -> tuple[list[object], list[BaseException | None]]:
+    """Each write from its own thread, all queued while the store is busy
+    (its lock held here), then let go: (answers, errors) by write."""
+    answers: list[object] = [None] * len(writes)
+    errors: list[BaseException | None] = [None] * len(writes)
+
+    def run(i: int) -> None:
+        try:
+            answers[i] = store.write(writes[i])
+        except BaseException as exc:
+            errors[i] = exc
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(writes))]
+    with store._lock:
+        for t in threads:
+            t.start()
+        assert wait_for(lambda: len(store._queue) == len(writes))
+    for t in threads:
+        t.join(30)
+    return answers, errors
+
+
+def test_queued_writes_go_in_one_transaction_each_with_its_answer(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    store = Store(":memory:")
+    commits = []
+    real = store._commit
+    monkeypatch.setattr(store, "_commit", lambda *a: (commits.append(1), real(*a))[1])
+    shared = profiles(1, "shared")
+    writes = [profiles(3, f"w{i}") + shared for i in range(8)]
+    answers, errors = queued_writes(store, writes)
+    assert errors == [None] * 8
+    assert len(commits) == 1
+    assert store.count() == 8 * 3 + 1
+    assert sorted(answers) == [(3, 1)] * 7 + [(4, 0)]  # the shared one stored once
+
+
+def test_a_failed_transaction_fails_each_write_and_stores_none(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    store = Store(":memory:")
+    real = store._commit
+
+    def fail_once(*a: object) -> None:
+        monkeypatch.setattr(store, "_commit", real)
+        raise StorageError("disk said no")
+
+    monkeypatch.setattr(store, "_commit", fail_once)
+    writes = [profiles(2, f"w{i}") for i in range(5)]
+    _, errors = queued_writes(store, writes)
+    assert all(isinstance(e, StorageError) for e in errors), errors
+    assert store.count() == 0
+    assert store.write(writes[0]) == (2, 0)  # the retry
