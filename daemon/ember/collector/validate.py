@@ -287,14 +287,13 @@ def _check_tables(p: pb.Profile, t: decode.Tables, n_exec_info: int,
             or (n_exec_info and n_exec_info != n_map)):
         return None
     st = p.string_table
-    numeric = {i for i, x in enumerate(st) if x in NUMERIC_LABELS} if p.sample else set()
     for labels in t.samples.label_sets:
         if len(labels.label) > limits.max_labels_per_sample:
             return None
         for lb in labels.label:
             if not (0 < lb.key < n_str and 0 <= lb.str < n_str and 0 <= lb.num_unit < n_str):
                 return None
-            if lb.str and lb.key in numeric:
+            if lb.str and st[lb.key] in NUMERIC_LABELS:
                 try:
                     _check_number(st[lb.key], st[lb.str])
                 except InvalidRequest:
