@@ -4,7 +4,9 @@ sent a frame or stack for a write that failed does not leave it out."""
 
 from __future__ import annotations
 
+import os
 import random
+import signal
 import time
 from collections.abc import Iterator
 from dataclasses import replace
@@ -81,3 +83,17 @@ def test_what_a_worker_sent_for_a_failed_write_is_made_again() -> None:
     prepared, _ = workers.prepare(reqs[0].SerializeToString(), DEFAULT_LIMITS, time.time_ns())
     assert not prepared[0].rows.new_stacks, "the worker no longer sends its stacks"
     assert contents(again) == contents(by_the_collector(reqs))
+
+
+def test_a_worker_that_dies_is_replaced() -> None:
+    pool = workers.Workers(1, DEFAULT_LIMITS)
+    try:
+        (req,) = requests(1)
+        first, _ = pool.prepare(req, time.time_ns())
+        (pid,) = list(pool._pool._processes)  # type: ignore[attr-defined]
+        os.kill(pid, signal.SIGKILL)
+        again, _ = pool.prepare(req, time.time_ns())
+        assert [x.profile for x in again] == [x.profile for x in first]
+        assert list(pool._pool._processes) != [pid]  # type: ignore[attr-defined]
+    finally:
+        pool.close()

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import threading
 from collections import Counter
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -79,6 +80,7 @@ class Workers:
 
     def __init__(self, n: int, limits: Limits):
         self.n, self.limits = n, limits
+        self._restart = threading.Lock()
         self._pool = self._start()
 
     def _start(self) -> ProcessPoolExecutor:
@@ -88,11 +90,15 @@ class Workers:
     def prepare(self, request: ps.WriteRawRequest, now_ns: int
                 ) -> tuple[list[Prepared], Counter[str]]:
         data = request.SerializeToString()
+        pool = self._pool
         try:
-            return self._pool.submit(prepare, data, self.limits, now_ns).result()
+            return pool.submit(prepare, data, self.limits, now_ns).result()
         except BrokenProcessPool:
-            log.error("collector: a decode worker died; starting the pool again")
-            self._pool = self._start()
+            with self._restart:  # once, for every request the death failed
+                if self._pool is pool:
+                    log.error("collector: a decode worker died; starting the pool again")
+                    pool.shutdown(wait=False, cancel_futures=True)
+                    self._pool = self._start()
             return self._pool.submit(prepare, data, self.limits, now_ns).result()
 
     def close(self) -> None:
