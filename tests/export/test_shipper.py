@@ -132,9 +132,9 @@ def test_overload_is_retried_until_stored(tmp_path: Path, monkeypatch: pytest.Mo
     c = _collector(tmp_path, max_concurrent_writes=1)
     write = c.store.write
 
-    def slow(profiles: object) -> tuple[int, int]:
+    def slow(profiles: object, made: object = ()) -> tuple[int, int]:
         time.sleep(0.05)
-        return write(profiles)  # type: ignore[arg-type]
+        return write(profiles, made)  # type: ignore[arg-type]
 
     monkeypatch.setattr(c.store, "write", slow)
     agents = []
@@ -227,7 +227,7 @@ def test_a_full_store_refuses_with_a_retry_hint(tmp_path: Path,
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     c = _collector(tmp_path)
 
-    def full(profiles: object) -> tuple[int, int]:
+    def full(profiles: object, made: object = ()) -> tuple[int, int]:
         raise StorageFull("cannot store: the disk is full (database or disk is full)")
 
     monkeypatch.setattr(c.store, "write", full)
