@@ -1,3 +1,5 @@
+import threading
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -57,6 +59,18 @@ def test_rust_v0(mangled: str, plain: str) -> None:
                                  "_RIC1aKj2aE", "_R" + "B_" * 50])
 def test_rust_v0_malformed_stays_mangled(bad: str) -> None:
     assert demangle(bad) == bad
+
+
+@pytest.mark.parametrize("cut", ["_RIC5crateKj1", "_RIC5crateKjn", "_RINvC5crate3fooKj1a"])
+def test_rust_v0_const_cut_short_ends(cut: str) -> None:
+    """A const argument whose hex digits run to the end of the name (no
+    closing '_'): the parser looped past the end for ever, since the empty
+    string is in every string."""
+    out: list[str] = []
+    t = threading.Thread(target=lambda: out.append(demangle(cut)), daemon=True)
+    t.start()
+    t.join(10)
+    assert out == [cut]
 
 
 @given(st.text(alphabet="_RNvCMXYIBEKLsu0123456789abcdefxyzTAFDGpQO", max_size=60))

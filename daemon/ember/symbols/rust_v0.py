@@ -211,12 +211,10 @@ class _Parser:
         ty = self.type_()
         neg = self.eat("n")
         start = self.i
-        while self.peek() != "_":
-            if self.peek() not in "0123456789abcdef":
+        while not self.eat("_"):
+            if self.next() not in "0123456789abcdef":  # next(): the end is invalid too
                 raise _Invalid
-            self.i += 1
-        digits = self.s[start:self.i]
-        self.i += 1
+        digits = self.s[start:self.i - 1]
         value = int(digits, 16) if digits else 0
         if ty == "bool":
             return "true" if value else "false"
