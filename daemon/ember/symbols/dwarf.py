@@ -210,8 +210,15 @@ class DwarfLines:
 
         spans: list[tuple[int, int, _Scope]] = []
 
+        # a DIE is at least a byte: more visits than the unit has bytes means
+        # its sibling links go round in a circle (a corrupt file), so stop
+        budget = [int(getattr(cu, "size", 0) or 1 << 24)]
+
         def walk(die: Any, parent: _Scope | None, depth: int) -> None:
             for child in die.iter_children():
+                budget[0] -= 1
+                if budget[0] < 0:
+                    return
                 tag = child.tag
                 if tag == "DW_TAG_subprogram" and parent is None:
                     ranges = self._ranges(child, cu)
