@@ -326,17 +326,19 @@ class Tree:
                 float(np.abs(a.sums(value).astype(np.float64)).sum()) >= limit
                 for a in (gained, lost) if a is not None):
             return None
-        leaves = self.index.leaves(gained)
-        gone = self.index.leaves(lost) if lost is not None else leaves[:0]
-        parent, name, rec, depth = self.index.arrays()
-        self_w = np.zeros(len(parent), np.int64)
-        self_w[:len(self.self_)] = self.self_
-        np.add.at(self_w, leaves, gained.sums(value))
+        nodes = self.index.leaves(gained)
+        delta = gained.sums(value)
         if lost is not None:
-            np.subtract.at(self_w, gone, lost.sums(value))
-        return Tree(self.index, self_w, _totals(self.index, self_w, parent), parent, name, rec,
-                    depth, gained.profiles, self.unit, self.offcpu, self.scale,
-                    self.sample_types)
+            nodes = np.concatenate([nodes, self.index.leaves(lost)])
+            delta = np.concatenate([delta, -lost.sums(value)])
+        parent, name, rec, depth = self.index.arrays()
+        self_w, total = (np.zeros(len(parent), np.int64) for _ in range(2))
+        self_w[:len(self.self_)] = self.self_
+        total[:len(self.total)] = self.total
+        np.add.at(self_w, nodes, delta)
+        _add_up(total, parent, nodes, delta)
+        return Tree(self.index, self_w, total, parent, name, rec, depth, gained.profiles,
+                    self.unit, self.offcpu, self.scale, self.sample_types)
 
     # --- the nodes of one view ---
     def find(self, path: list[str]) -> int:
@@ -476,6 +478,22 @@ def _totals(index: Index, self_w: npt.NDArray[Any],
         level = level[level < n]
         np.add.at(total, parent[level], total[level])
     return total
+
+
+def _add_up(total: npt.NDArray[np.int64], parent: npt.NDArray[np.int64],
+            nodes: npt.NDArray[np.int64], delta: npt.NDArray[np.int64]) -> None:
+    """``delta`` added to the totals of ``nodes`` and of all their
+    ancestors: a level per step, the nodes of a level made distinct first,
+    so a slide costs what its rows touch, not a pass over the whole tree."""
+    while len(nodes):
+        check_cancelled()
+        nodes, at = np.unique(nodes, return_inverse=True)
+        summed = np.zeros(len(nodes), np.int64)
+        np.add.at(summed, at, delta)
+        total[nodes] += summed
+        up = parent[nodes]
+        keep = up >= 0
+        nodes, delta = up[keep], summed[keep]
 
 
 def _saturated(a: npt.NDArray[Any]) -> npt.NDArray[np.int64]:
