@@ -128,7 +128,7 @@ def test_a_failed_write_gives_out_no_id(tmp_path: Path, monkeypatch: pytest.Monk
 def to_schema_2(path: Path) -> None:
     """A store as the schema-2 collector left it: no leaves, no leaf column."""
     db = duckdb.connect(str(path))
-    db.execute("CREATE TABLE old AS SELECT * EXCLUDE (leaf) FROM samples")
+    db.execute("CREATE TABLE old AS SELECT * EXCLUDE (leaf, written) FROM samples")
     db.execute("DROP TABLE samples")
     db.execute("ALTER TABLE old RENAME TO samples")
     db.execute("DROP TABLE leaves")
@@ -152,12 +152,44 @@ def test_a_store_of_schema_2_is_upgraded_with_nothing_lost(tmp_path: Path) -> No
     try:
         with store.cursor() as cur:
             assert cur.execute("SELECT value FROM meta WHERE key = 'schema'").fetchall() == [
-                ("3",)]
+                ("4",)]
         check_ids(store)
         assert store.count() == rows
         assert answers(store) == before
         write_fleet(store, rng, T0 + 7 * S)   # and it takes writes as a new store does
         check_ids(store)
+    finally:
+        store.close()
+
+
+def test_a_store_of_schema_3_gets_its_written_column_with_nothing_lost(tmp_path: Path) -> None:
+    path = tmp_path / "db.duckdb"
+    store = Store(path)
+    rng = random.Random(8)
+    for at in range(4):
+        write_fleet(store, rng, T0 + at * S)
+    before, rows, generation = answers(store), store.count(), store.generation
+    store.close()
+    db = duckdb.connect(str(path))
+    db.execute("ALTER TABLE samples DROP COLUMN written")
+    db.execute("UPDATE meta SET value = '3' WHERE key = 'schema'")
+    db.close()
+    store = Store(path)
+    try:
+        assert store.count() == rows and answers(store) == before
+        with store.cursor() as cur:
+            assert cur.execute("SELECT DISTINCT written FROM samples").fetchall() == [(0,)]
+        write_fleet(store, rng, T0 + 5 * S)
+        with store.cursor() as cur:
+            assert cur.execute("SELECT max(written) FROM samples").fetchall() == [(1,)]
+    finally:
+        store.close()
+    store = Store(path)   # opened again: the generations go on from the newest row's
+    try:
+        assert store.generation == 1 < generation
+        write_fleet(store, rng, T0 + 6 * S)
+        with store.cursor() as cur:
+            assert cur.execute("SELECT max(written) FROM samples").fetchall() == [(2,)]
     finally:
         store.close()
 
@@ -168,5 +200,5 @@ def test_a_store_of_an_unknown_schema_is_refused_by_name(tmp_path: Path) -> None
     db = duckdb.connect(str(path))
     db.execute("UPDATE meta SET value = '9' WHERE key = 'schema'")
     db.close()
-    with pytest.raises(StorageError, match="a store of schema 9, not 3"):
+    with pytest.raises(StorageError, match="a store of schema 9, not 4"):
         Store(path)

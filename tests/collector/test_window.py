@@ -1,6 +1,7 @@
 """Trees slid along time (collector/window.py) answer exactly what a merge
-of the rows answers: through writes of newer profiles, and not slid after a
-late write, a deletion or a range that moved back."""
+of the rows answers: through writes of newer profiles and writes inside the
+range (late ones too, and one landing while the tree is merged), and not
+slid after a deletion or a range that moved back."""
 
 from __future__ import annotations
 
@@ -69,16 +70,53 @@ def test_the_same_range_after_a_write_beyond_it_is_unchanged(api: Api) -> None:
     assert api.windows.slid == 1
 
 
-@pytest.mark.parametrize("change", ["late write", "deletion", "back in time"])
-def test_a_change_inside_the_old_range_merges_again(api: Api, change: str) -> None:
+@pytest.mark.parametrize("match", ["", "pid=11"])
+def test_writes_inside_the_range_are_slid_and_exact(api: Api, match: str) -> None:
+    """Agents ship profiles that end now, inside a range that ends now: the
+    same range asked again after each write, then moved on past a late one."""
+    rng = random.Random(9)
+    for at in range(10):
+        write(api.store, rng, at)
+    views(api, 0, 20, match)
+    for at in range(10, 16):
+        write(api.store, rng, at)                    # inside [0, 20)
+        assert views(api, 0, 20, match) == merged(api, 0, 20, match), at
+    write(api.store, rng, 3, pids=(11, 13))          # late: long inside the range
+    assert views(api, 2, 22, match) == merged(api, 2, 22, match)
+    assert api.windows.slid == 7
+
+
+def test_a_write_while_a_tree_is_merged_is_counted_once(
+        api: Api, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tree sums what was written by the generation it is filed under:
+    a write landing between the two is added by the next slide, not twice."""
+    rng = random.Random(11)
+    for at in range(6):
+        write(api.store, rng, at)
+    real = api.store.aggregate
+    landed = []
+
+    def racing(*args: object, **kwargs: object) -> object:
+        if not landed and kwargs.get("by_name"):     # the tree's merge
+            landed.append(True)
+            write(api.store, rng, 7)                 # after the generation was read
+        return real(*args, **kwargs)                  # type: ignore[arg-type]
+    monkeypatch.setattr(api.store, "aggregate", racing)
+    views(api, 0, 10)
+    monkeypatch.setattr(api.store, "aggregate", real)
+    write(api.store, rng, 8)
+    assert views(api, 0, 10) == merged(api, 0, 10)
+    assert landed and api.windows.slid == 1
+
+
+@pytest.mark.parametrize("change", ["deletion", "back in time"])
+def test_a_deletion_or_a_range_moved_back_merges_again(api: Api, change: str) -> None:
     rng = random.Random(3)
     for at in range(2, 20):
         write(api.store, rng, at)
     views(api, 2, 14)
     lo, hi = 4, 16
-    if change == "late write":
-        write(api.store, rng, 10, pids=(13,))       # inside the old range, written after it
-    elif change == "deletion":
+    if change == "deletion":
         api.store.enforce_retention((T0 + 7 * S) / 1e9, 1 << 40)   # nothing: too recent
         with api.store._writing("test"):
             api.store._delete_before(T0 + 5 * S)

@@ -230,7 +230,8 @@ class Api:
                 index, scale = len(types) - 1, 1
             agg = self.sums.get((stored, start, end, matchers.key(), index, generation),
                                 lambda: self.store.aggregate(start, end, matchers, stored,
-                                                             by_name=True, value=index))
+                                                             by_name=True, value=index,
+                                                             upto=generation))
             if agg is None:
                 return None
             if self.on_skip is not None and agg.skipped:

@@ -30,10 +30,9 @@ import os
 import threading
 import time
 from array import array
-from collections import deque
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import duckdb
 import numpy as np
@@ -79,9 +78,10 @@ class Store:
         self._lock = threading.Lock()
         self._queued = threading.Lock()  # guards _queue: writes waiting for the lock
         self._queue: list[_Write] = []
-        self.generation = 0     # bumped by every change: query caches key on it
-        # (generation, earliest time_ns written; -1: a delete) of recent changes
-        self._changes: deque[tuple[int, int]] = deque(maxlen=256)
+        # bumped by every change: query caches key on it, and each sample row
+        # keeps the generation of the write that stored it (``written``)
+        self.generation = 0
+        self._deleted = 0       # the generation of the last deletion
         self.interner = Interner()
         self._series_labels: dict[int, dict[str, str]] = {}
         self._shapes: dict[int, list[tuple[str, ProfileType]]] = {}   # type id -> shapes
@@ -132,6 +132,10 @@ class Store:
             self._note_type(type_, int(tid_), shape)
         self.interner = it
         self.leaves.load(db)
+        # on from the newest write stored: a row's generation stays unique
+        self.generation = max(self.generation, int(one(db.execute(
+            "SELECT COALESCE(max(written), 0) FROM samples"))))
+        self._deleted = self.generation
 
     def _note_type(self, type_: str, tid: int, shape: str) -> None:
         self._types[type_] = tid
@@ -210,6 +214,7 @@ class Store:
         cols = rows.columns()
         cols["leaf"], pending = self.leaves.ids(np.asarray(cols["tname"], np.uint64),
                                                 np.asarray(cols["stack"], np.uint64))
+        cols["written"] = np.full(len(rows), self.generation + 1, np.uint64)
         try:
             self._db.execute("BEGIN TRANSACTION")
             insert(self._db, rows, cols, pending, meta, now)
@@ -229,7 +234,6 @@ class Store:
             self._note_type(sp.type, type_id(sp.type), shape)
         if meta:
             self.generation += 1
-            self._changes.append((self.generation, min(sp.time_ns for sp, _ in meta)))
 
     def append(self, rows: Rows, meta: list[tuple[StoredProfile, str]]) -> None:
         """Rows made by the caller (a benchmark's generated hour)."""
@@ -253,17 +257,10 @@ class Store:
         sel = selector(matchers)
         return [sid for sid, labels in self._series_labels.items() if sel.holds(labels)]
 
-    def written_since(self, generation: int) -> int | None:
-        """The earliest time_ns any write since ``generation`` stored
-        (INT64_MAX: none); None when rows were deleted since, or the log of
-        changes does not reach back that far."""
-        with self._lock:
-            if generation == self.generation:
-                return (1 << 63) - 1
-            newer = [low for gen, low in self._changes if gen > generation]
-            if len(newer) != self.generation - generation or min(newer) < 0:
-                return None
-            return min(newer)
+    def deleted_since(self, generation: int) -> bool:
+        """Whether rows were deleted after ``generation`` (or this store
+        was opened after it): what a tree of that generation holds may be gone."""
+        return self._deleted > generation
 
     def series_labels(self, sid: int) -> dict[str, str]:
         return self._series_labels.get(sid, {})
@@ -300,17 +297,21 @@ class Store:
             return self._db.cursor()
 
     def aggregate(self, start_ns: int, end_ns: int, matchers: Matchers,
-                  type_: str, by_name: bool = False,
-                  rows: tuple[Literal["time_ns >=", "end_ns <"], int] | None = None,
-                  value: int | None = None) -> Aggregate | None:
+                  type_: str, by_name: bool = False, value: int | None = None,
+                  upto: int | None = None, gained: tuple[int, int] | None = None,
+                  ended_before: int | None = None) -> Aggregate | None:
         """The samples of one type in a range, summed per (thread, stack),
         or per (thread name, stack) with ``by_name`` (all the flame graph
         needs, and far fewer groups over a fleet); None when no stored
-        profile matches. ``rows`` (a condition on one column, such as
-        ("time_ns >=", T)) narrows the sums, not the count of profiles: the
-        rows a range gained or lost since another (collector/window.py).
-        ``value``: only that sample type summed (each one summed costs as
-        much again over a fleet's hour); the others are None."""
+        profile matches. ``value``: only that sample type summed (each one
+        summed costs as much again over a fleet's hour); the others are None.
+
+        These narrow the rows summed, not the count of profiles: ``upto``,
+        those written by that generation (a tree is of one generation);
+        ``gained`` (old end, old generation), those newer than the old end
+        or written after the old generation; ``ended_before``, those ended
+        before it: what a range gained or lost since a tree of another
+        range and generation (collector/window.py)."""
         shapes = self.shapes(type_)
         where = self._where(start_ns, end_ns, self.series_matching(matchers), type_)
         if where is None or not shapes:
@@ -342,9 +343,15 @@ class Store:
                 args = [*args, args[2], shape_json(shape)]
             sums = ", ".join(f"least(greatest(sum(v{i}), {-(1 << 63)}), {(1 << 63) - 1})::BIGINT"
                              for i in range(n) if value in (None, i))
-            if rows is not None:
-                clause += f" AND {rows[0]} ?"
-                args = [*args, rows[1]]
+            if upto is not None:
+                clause += " AND written <= ?"
+                args = [*args, upto]
+            if gained is not None:
+                clause += " AND (time_ns >= ? OR written > ?)"
+                args = [*args, *gained]
+            if ended_before is not None:
+                clause += " AND end_ns < ?"
+                args = [*args, ended_before]
             who = "leaf" if by_name else "thread, stack"
             with on_cancel(cur.interrupt):   # the client left: stop the merge
                 got = cur.execute(f"SELECT {who}, {sums} FROM samples WHERE {clause} "
@@ -452,7 +459,7 @@ class Store:
             self._db.execute("COMMIT")
             self._db.execute("CHECKPOINT")
             self.generation += 1
-            self._changes.append((self.generation, -1))
+            self._deleted = self.generation
         return n
 
     def _make_room(self, max_bytes: int, incoming: int) -> int:

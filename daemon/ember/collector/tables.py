@@ -1,7 +1,8 @@
 """The store's tables, and how model objects become their rows and back.
 
 ``samples`` is the big one: a row per (profile, thread, stack) with the
-profile's time and series and up to MAX_VALUES values. Everything it names
+profile's time and series, up to MAX_VALUES values and the store generation
+of the write that stored it (``written``). Everything it names
 is interned (intern.py) in ``frames``, ``stacks``, ``threads`` and
 ``series``; ``leaves`` numbers each distinct (thread name, stack) densely
 for the merges (leaves.py). ``profiles`` keeps a row per stored profile (its
@@ -36,7 +37,7 @@ log = logging.getLogger(__name__)
 #: writes its log first, and a checkpoint may need room for a few blocks.
 DISK_MARGIN = 8 << 20
 
-SCHEMA_VERSION = "3"
+SCHEMA_VERSION = "4"
 SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS meta (key VARCHAR, value VARCHAR);
 CREATE TABLE IF NOT EXISTS series (id UBIGINT, name VARCHAR, labels VARCHAR);
@@ -55,7 +56,8 @@ CREATE TABLE IF NOT EXISTS profiles (
 CREATE TABLE IF NOT EXISTS samples (
     time_ns BIGINT, end_ns BIGINT, series UBIGINT, type UBIGINT, thread UBIGINT,
     tname UBIGINT, stack UBIGINT, {", ".join(f"v{i} BIGINT" for i in range(MAX_VALUES))},
-    leaf UINTEGER);                                -- leaves.id of (tname, stack)
+    leaf UINTEGER,                                 -- leaves.id of (tname, stack)
+    written UBIGINT);                              -- the store generation that wrote it
 CREATE TABLE IF NOT EXISTS leaves (id UINTEGER, tname UBIGINT, stack UBIGINT);
 """
 def create_or_upgrade(db: duckdb.DuckDBPyConnection, path: str) -> None:
@@ -68,6 +70,14 @@ def create_or_upgrade(db: duckdb.DuckDBPyConnection, path: str) -> None:
     if version == ("2",):
         log.warning("store %s: numbering its stacks (schema 3, once)", path)
         upgrade(db)
+        version = ("3",)
+    if version == ("3",):
+        # which write stored each row (collector/window.py slides a tree
+        # through writes inside its range by it); rows stored before: 0
+        db.execute("BEGIN TRANSACTION")
+        db.execute("ALTER TABLE samples ADD COLUMN written UBIGINT DEFAULT 0")
+        db.execute("UPDATE meta SET value = '4' WHERE key = 'schema'")
+        db.execute("COMMIT")
     elif version != (SCHEMA_VERSION,):
         raise StorageError(f"{path}: a store of schema {version and version[0]}, "
                            f"not {SCHEMA_VERSION}: a newer collector wrote it")

@@ -8,11 +8,13 @@ same length is moved on instead: the rows the range gained (newer than the
 old end) are added and the rows it lost (ended before the new start) taken
 away, two small sums over the edges rather than one over the hour.
 
-That is exact only while the stored rows inside the old range are the ones
-it was built from: any write since then must hold only rows newer than the
-old end (what agents shipping on time do), and nothing may have been
-deleted. Otherwise, and when the range moved back, shrank to nothing shared
-or changed its sample types, the tree is merged from the rows as before.
+That is exact whatever was written since, inside the old range or not
+(agents ship profiles that end now, inside a range that ends now): each
+row keeps the generation of the write that stored it, a tree sums only the
+rows written by its generation, and the rows a slide adds are those of the
+new range newer than the old end or written since the old tree. Nothing
+may have been deleted since; otherwise, and when the range moved back or
+changed its sample types, the tree is merged from the rows as before.
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ class Windows:
              start: int, end: int, build: Callable[[int], Made | None]) -> Tree | None:
         """The tree of ``stored`` over [start, end) for ``selector``: slid
         from the last one of ``key`` when that is exact, else ``build(generation)``."""
-        generation = store.generation   # before reading: a write during the read is redone
+        generation = store.generation   # the tree sums the rows written by then
         key = (*key, end - start)
         with self._lock:
             last = self._latest.get(key)
@@ -78,17 +80,18 @@ class Windows:
                end: int, generation: int) -> Made | None:
         if not last.start <= start < last.end <= end:
             return None
-        written = store.written_since(last.generation)
-        if written is None or written < last.end or store.shapes(stored) != [last.shape]:
+        if store.deleted_since(last.generation) or store.shapes(stored) != [last.shape]:
             return None
-        gained = store.aggregate(start, end, selector, stored, by_name=True,
-                                 rows=("time_ns >=", last.end), value=last.value)
+        # the new range's rows the old tree lacks: newer than its end, or
+        # written since it was made
+        gained = store.aggregate(start, end, selector, stored, by_name=True, value=last.value,
+                                 upto=generation, gained=(last.end, last.generation))
         if gained is None or gained.shape != last.shape:
             return None
         lost = None
-        if start > last.start:
+        if start > last.start:   # the old tree's rows that ended before the new start
             lost = store.aggregate(last.start, last.end, selector, stored, by_name=True,
-                                   rows=("end_ns <", start), value=last.value)
+                                   value=last.value, upto=last.generation, ended_before=start)
         tree = last.tree.slid(gained, lost, last.value)
         if tree is None:
             return None
