@@ -40,6 +40,8 @@ from ..model import MAX_STACK_DEPTH, TRUNCATED, cap_depth
 from .leaves import leaf_keys
 from .store import Aggregate, Store
 
+#: Leaves added to the index at a time (a fleet hour's 800,000 in chunks).
+CHUNK = 50_000
 #: How many nodes a pruned answer holds at most.
 MAX_NODES = 20_000
 DEFAULT_NODES = 5_000
@@ -152,18 +154,28 @@ class Index:
 
     def _ensure(self, thread: npt.NDArray[np.uint64],
                 stack: npt.NDArray[np.uint64]) -> npt.NDArray[np.int64]:
+        """The leaf node of each (thread name, stack), the new ones added
+        ``CHUNK`` at a time: what adding needs on the way (the stacks'
+        frames and names) stays small however many a query brings (the
+        first query of a whole hour, when the start did not build them)."""
         keys = leaf_keys(thread, stack)
         with self._lock:
             nodes, found = self._lookup(keys)
-            if not found.all():
-                missing = ~found
-                names = self.store.thread_names
-                self._add(keys[missing], stack[missing],
-                          [names.get(t, "") for t in thread[missing].tolist()])
-                nodes, found = self._lookup(keys)
+        missing = np.flatnonzero(~found)
+        names = self.store.thread_names
+        for i in range(0, len(missing), CHUNK):
+            part = missing[i:i + CHUNK]
+            with self._lock:
+                part = part[~self._lookup(keys[part])[1]]   # not added meanwhile
+                if len(part):
+                    self._add(keys[part], stack[part],
+                              [names.get(t, "") for t in thread[part].tolist()])
+        if len(missing):
+            with self._lock:
+                nodes, _ = self._lookup(keys)
         return nodes
 
-    def warm(self, chunk: int = 50_000) -> int:
+    def warm(self, chunk: int = CHUNK) -> int:
         """Every stored (thread name, stack) made a leaf, as a collector
         starts: the first query then finds the index built (for a fleet's
         hour, 800,000 leaves take seconds). In chunks, so what a chunk needs
@@ -220,10 +232,12 @@ class Index:
             path = names
             new_keys.append(key)
             new_nodes.append(node)
-        keys_all = np.concatenate([self._keys, np.array(new_keys, np.uint64)])
-        nodes_all = np.concatenate([self._leaves, np.array(new_nodes, np.int64)])
-        order = np.argsort(keys_all, kind="stable")
-        self._keys, self._leaves = keys_all[order], nodes_all[order]
+        added = np.array(new_keys, np.uint64)
+        order = np.argsort(added)
+        added = added[order]
+        at = np.searchsorted(self._keys, added)
+        self._keys = np.insert(self._keys, at, added)
+        self._leaves = np.insert(self._leaves, at, np.array(new_nodes, np.int64)[order])
         if len(self._made) > self.merge_at:
             self._merge_made()
 
@@ -284,27 +298,26 @@ def _common(a: tuple[int, ...], b: tuple[int, ...]) -> int:
 
 @dataclass
 class Tree:
-    """One query's values over the index: self and total per node."""
+    """One query's values over the index: the total per node. Each node's
+    own (self) value is its total less its children's, made when a view
+    asks for it, and the index's arrays (parent, name, ...) are the index's
+    own: a cached tree holds one array of 8 bytes a node, not six."""
 
     index: Index
-    self_: npt.NDArray[np.int64]
     total: npt.NDArray[np.int64]
-    parent: npt.NDArray[np.int64]
-    name: npt.NDArray[np.int64]
-    recursive: npt.NDArray[np.bool_]
-    depth: npt.NDArray[np.int64]
     profiles: int
     unit: str
     offcpu: bool = False
     scale: int = 1              # nested() shows values divided by this
     sample_types: tuple[tuple[str, str], ...] = ()
+    own: npt.NDArray[np.int64] | None = None   # self values, kept only when saturated
 
     @classmethod
     def build(cls, index: Index, agg: Aggregate, value: int, unit: str,
               offcpu: bool = False, scale: int = 1,
               sample_types: tuple[tuple[str, str], ...] = ()) -> Tree:
         leaves = index.leaves(agg)
-        parent, name, rec, depth = index.arrays()
+        parent = index.arrays()[0]
         n = len(parent)
         values = agg.sums(value)
         # sums past int64 saturate (the arithmetic goes to floats only then)
@@ -313,16 +326,47 @@ class Tree:
         self_w: npt.NDArray[Any] = np.zeros(n, kind)
         np.add.at(self_w, leaves, values.astype(kind))
         total_w = _totals(index, self_w, parent)
-        self_, total = (_saturated(self_w), _saturated(total_w)) if wide else (self_w, total_w)
-        return cls(index, self_, total, parent, name, rec, depth, agg.profiles, unit, offcpu,
-                   scale, sample_types)
+        if wide:
+            return cls(index, _saturated(total_w), agg.profiles, unit, offcpu, scale,
+                       sample_types, _saturated(self_w))
+        return cls(index, total_w, agg.profiles, unit, offcpu, scale, sample_types)
+
+    def _column(self, i: int) -> npt.NDArray[Any]:
+        return self.index.arrays()[i][:len(self.total)]
+
+    @property
+    def parent(self) -> npt.NDArray[np.int64]:
+        return self._column(0)
+
+    @property
+    def name(self) -> npt.NDArray[np.int64]:
+        return self._column(1)
+
+    @property
+    def recursive(self) -> npt.NDArray[np.bool_]:
+        return self._column(2)
+
+    @property
+    def depth(self) -> npt.NDArray[np.int64]:
+        return self._column(3)
+
+    @property
+    def self_(self) -> npt.NDArray[np.int64]:
+        """Each node's own value: its total less its children's."""
+        if self.own is not None:
+            return self.own
+        below = np.zeros(len(self.total), np.int64)
+        np.add.at(below, self.parent[1:], self.total[1:])
+        out: npt.NDArray[np.int64] = self.total - below
+        return out
 
     def slid(self, gained: Aggregate, lost: Aggregate | None, value: int) -> Tree | None:
         """This tree with the sums of ``gained`` added and of ``lost`` taken
         away (collector/window.py); None where int64 could overflow, for
         Tree.build to saturate as it does."""
         limit = 2.0**61
-        if float(np.abs(self.total.astype(np.float64)).max(initial=0)) >= limit or any(
+        if self.own is not None or float(np.abs(self.total.astype(np.float64)).max(
+                initial=0)) >= limit or any(
                 float(np.abs(a.sums(value).astype(np.float64)).sum()) >= limit
                 for a in (gained, lost) if a is not None):
             return None
@@ -331,14 +375,12 @@ class Tree:
         if lost is not None:
             nodes = np.concatenate([nodes, self.index.leaves(lost)])
             delta = np.concatenate([delta, -lost.sums(value)])
-        parent, name, rec, depth = self.index.arrays()
-        self_w, total = (np.zeros(len(parent), np.int64) for _ in range(2))
-        self_w[:len(self.self_)] = self.self_
+        parent = self.index.arrays()[0]
+        total = np.zeros(len(parent), np.int64)
         total[:len(self.total)] = self.total
-        np.add.at(self_w, nodes, delta)
         _add_up(total, parent, nodes, delta)
-        return Tree(self.index, self_w, total, parent, name, rec, depth, gained.profiles,
-                    self.unit, self.offcpu, self.scale, self.sample_types)
+        return Tree(self.index, total, gained.profiles, self.unit, self.offcpu, self.scale,
+                    self.sample_types)
 
     # --- the nodes of one view ---
     def find(self, path: list[str]) -> int:
@@ -354,18 +396,20 @@ class Tree:
 
     def path(self, node: int) -> list[str]:
         out = []
+        parent, name = self.parent, self.name
         while node > 0:
-            out.append(self.index.names[self.name[node]])
-            node = int(self.parent[node])
+            out.append(self.index.names[name[node]])
+            node = int(parent[node])
         return out[::-1]
 
     def subtree(self, focus: int) -> npt.NDArray[np.bool_]:
         inside = np.zeros(len(self.total), bool)
         inside[focus] = True
         levels = self.index.levels()
+        parent = self.parent
         for level in levels[int(self.depth[focus]) + 1:]:
             level = level[level < len(inside)]
-            inside[level] = inside[self.parent[level]]
+            inside[level] = inside[parent[level]]
         return inside
 
     def kept(self, focus: int = 0, max_nodes: int = DEFAULT_NODES) -> npt.NDArray[np.int64]:
@@ -392,13 +436,14 @@ class Tree:
         """The pruned view as {name, value, self, children}, children widest first."""
         kept = self.kept(focus, max_nodes)
         made: dict[int, dict[str, Any]] = {}
-        for node in kept.tolist():
-            item: dict[str, Any] = {"name": self.index.names[self.name[node]] if node else "all",
-                    "value": int(self.total[node]) // self.scale,
-                    "self": int(self.self_[node]) // self.scale,
-                    "children": []}
+        names = self.index.names
+        for node, nid, value, own, up in zip(
+                kept.tolist(), self.name[kept].tolist(), self.total[kept].tolist(),
+                self.self_[kept].tolist(), self.parent[kept].tolist(), strict=True):
+            item: dict[str, Any] = {"name": names[nid] if node else "all",
+                                    "value": value // self.scale, "self": own // self.scale,
+                                    "children": []}
             made[node] = item
-            up = int(self.parent[node])
             if node != focus and up in made:
                 made[up]["children"].append(item)
         for item in made.values():
@@ -411,15 +456,17 @@ class Tree:
         kept = self.kept(focus, max_nodes)
         paths: dict[int, str] = {}
         child_sum: dict[int, int] = {}
-        for node in kept.tolist():
-            up = int(self.parent[node])
-            name = self.index.names[self.name[node]]
+        names = self.index.names
+        totals = dict(zip(kept.tolist(), self.total[kept].tolist(), strict=True))
+        for node, up, nid in zip(kept.tolist(), self.parent[kept].tolist(),
+                                 self.name[kept].tolist(), strict=True):
             if node == 0:
                 continue
+            name = names[nid]
             paths[node] = f"{paths[up]};{name}" if up in paths else name
-            child_sum[up] = child_sum.get(up, 0) + int(self.total[node])
+            child_sum[up] = child_sum.get(up, 0) + totals[node]
         for node, p in paths.items():
-            own = int(self.total[node]) - child_sum.get(node, 0)
+            own = totals[node] - child_sum.get(node, 0)
             if own > 0:
                 yield p, own
 
@@ -437,9 +484,10 @@ class Tree:
         if focus:
             hit &= self.subtree(focus)
         below = np.zeros(len(hit), bool)   # a matching ancestor already counts it
+        parent = self.parent
         for level in self.index.levels()[1:]:
             level = level[level < len(hit)]
-            up = self.parent[level]
+            up = parent[level]
             below[level] = below[up] | hit[up]
         value = int(self.total[hit & ~below].sum())
         whole = int(self.total[focus])
@@ -449,11 +497,12 @@ class Tree:
         """Self and total per function name, frames only (not threads)."""
         frames = self.depth >= 2
         n = len(self.index.names)
+        name = self.name
         self_by = np.zeros(n, np.int64)
-        np.add.at(self_by, self.name[frames], self.self_[frames])
+        np.add.at(self_by, name[frames], self.self_[frames])
         counted = frames & ~self.recursive
         total_by = np.zeros(n, np.int64)
-        np.add.at(total_by, self.name[counted], self.total[counted])
+        np.add.at(total_by, name[counted], self.total[counted])
         present = np.flatnonzero(total_by > 0)
         first, second = (self_by, total_by) if sort == "self" else (total_by, self_by)
         names = self.index.names
