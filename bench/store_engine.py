@@ -141,13 +141,13 @@ def main() -> int:
                                  "--http-listen", f"127.0.0.1:{port}",
                                  "--grpc-listen", f"127.0.0.1:{grpc_port}"],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        peak = 0
+        phase = "start"          # peak RSS per phase: start, views, clients
+        peaks: dict[str, int] = {}
         stop = threading.Event()
 
         def watch() -> None:
-            nonlocal peak
             while not stop.wait(0.2):
-                peak = max(peak, status_kb(proc.pid, "VmRSS"))
+                peaks[phase] = max(peaks.get(phase, 0), status_kb(proc.pid, "VmRSS"))
         threading.Thread(target=watch, daemon=True).start()
         try:
             while True:
@@ -157,6 +157,7 @@ def main() -> int:
                 except OSError:
                     time.sleep(0.2)
             opened = time.monotonic() - began
+            phase = "views"
             rows = []
             for name, route, params in VIEWS:
                 u = url(port, route, params)
@@ -187,6 +188,7 @@ def main() -> int:
                     stub.WriteRaw(req, timeout=60)
                     writes.append(time.perf_counter() - began)
                     time.sleep(max(0.0, due - time.monotonic()))
+            phase = "clients"
             writing = threading.Thread(target=writer)
             writing.start()
 
@@ -221,7 +223,8 @@ def main() -> int:
             ["generated rows appended per second", f"{gen['rows_per_s']:,.0f}"],
             ["store on disk (MB)", f"{disk / 1e6:.0f}"],
             ["collector start on the store (s)", f"{opened:.1f}"],
-            ["collector peak RSS (MB)", f"{peak / 1024:.0f}"],
+            ["collector peak RSS (MB)", f"{max(peaks.values()) / 1024:.0f}"],
+            *[[f"... while {name}", f"{kb / 1024:.0f}"] for name, kb in peaks.items()],
             ["WriteRaw validation per 1,000-stack profile (ms)", f"{validated:.1f}"],
             ["store write per 1,000-stack profile, known stacks (ms)", f"{stored:.1f}"]]))
     print("\n".join(out))
