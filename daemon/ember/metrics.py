@@ -442,6 +442,24 @@ class CollectorMetrics:
             "Merged trees the query API made, by how (merged: summed from the stored rows; "
             "slid: the last tree of the same query and range length moved on in time)",
             ["how"], registry=r)
+        self.cache_bytes = Gauge(
+            "ember_collector_cache_bytes",
+            "Approximate size of each of the query API's caches (collector_trees: merged "
+            "trees; collector_windows: the latest tree per query, to slide; collector_sums: "
+            "merged sums; collector_answers: rendered answers)", ["cache"], registry=r)
+        self.cache_evictions = Counter(
+            "ember_collector_cache_evictions_total",
+            "Entries a query API cache gave up to stay within its bound", ["cache"], registry=r)
+        self._evicted: dict[str, int] = {}
+
+    def caches(self, sizes: Mapping[str, tuple[int, int]]) -> None:
+        """The collector's caches' (bytes, evictions so far) by name."""
+        for name, (size, evicted) in sizes.items():
+            if name.startswith("collector_"):
+                self.cache_bytes.labels(name).set(size)
+                self.cache_evictions.labels(name).inc(
+                    max(0, evicted - self._evicted.get(name, 0)))
+                self._evicted[name] = evicted
 
 
 def reference() -> str:

@@ -140,13 +140,16 @@ class Api:
         self.store = store
         self.on_skip = on_skip  # hears of stored profiles a merge left out
         self.index = Index(store)
-        self.cache: Cache[Tree] = Cache()
+        # what is kept is bounded by bytes as well: a tree of a fleet's hour
+        # is 6.4 MB, its sums 22 MB
+        self.cache: Cache[Tree] = Cache("collector_trees", 8, 64 << 20, lambda t: t.nbytes)
         # The sums of a range's one sample type, for the trees that read it
         # (off-CPU's flame graph and table read the same one), asked for at
         # once as a page opens: one merge. Only the type a tree shows is
         # summed: each costs as much again over a fleet's hour.
-        self.sums: Cache[Aggregate] = Cache(2)
-        self.rendered: Cache[Reply] = Cache(16)
+        self.sums: Cache[Aggregate] = Cache("collector_sums", 2, 48 << 20, lambda a: a.nbytes)
+        self.rendered: Cache[Reply] = Cache("collector_answers", 16, 16 << 20,
+                                            lambda r: len(r[1]))
         self.windows = Windows()
         self.routes: dict[str, Route] = {
             "/api/v1/profile": self._profile, "/api/v1/tree": self._tree_route,

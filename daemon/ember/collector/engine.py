@@ -331,6 +331,11 @@ class Tree:
                        sample_types, _saturated(self_w))
         return cls(index, total_w, agg.profiles, unit, offcpu, scale, sample_types)
 
+    @property
+    def nbytes(self) -> int:
+        """What the tree holds (what caches weigh it by)."""
+        return self.total.nbytes + (self.own.nbytes if self.own is not None else 0)
+
     def _column(self, i: int) -> npt.NDArray[Any]:
         return self.index.arrays()[i][:len(self.total)]
 

@@ -61,6 +61,12 @@ class Aggregate:
     skipped: dict[str, int]
     leaf: npt.NDArray[np.uint32] | None = None   # by_name: the store's leaf ids
 
+    @property
+    def nbytes(self) -> int:
+        """What the aggregate holds (what caches weigh it by)."""
+        return sum(a.nbytes for a in (self.thread, self.stack, self.leaf, *self.values)
+                   if a is not None)
+
     def sums(self, i: int) -> npt.NDArray[np.int64]:
         """The sums of sample type ``i`` (a LookupError if not summed)."""
         got = self.values[i]

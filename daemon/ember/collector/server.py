@@ -31,6 +31,7 @@ from typing import Any
 import grpc
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from .. import cache
 from ..config import CollectorConfig, read_token
 from ..errors import ConfigError, StorageError
 from ..httpserve import Reply, Server, serve
@@ -285,6 +286,7 @@ class Collector:
                 return 503, f"{problem}\n".encode(), "text/plain"
             return 200, b"ok\n", "text/plain"
         if path == "/metrics":
+            self.metrics.caches(cache.sizes())
             return 200, generate_latest(self.registry), CONTENT_TYPE_LATEST
         if path == "/" or path.startswith(("/ui/", "/vendor/")):
             return web.asset(path)

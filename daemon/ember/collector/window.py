@@ -19,11 +19,10 @@ changed its sample types, the tree is merged from the rows as before.
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ..cache import BoundedCache
 from ..model import ProfileType
 from .engine import Tree
 from .matchers import Selector
@@ -42,12 +41,15 @@ class Made:
 
 
 class Windows:
-    """The latest tree per (type, matchers, value, range length), to slide."""
+    """The latest tree per (type, matchers, value, range length), to slide:
+    at most ``size`` of them and ``max_bytes`` of their values, the least
+    recently slid given up first (the newest stays, however large)."""
 
-    def __init__(self, size: int = 16):
+    def __init__(self, size: int = 16, max_bytes: int = 64 << 20):
         self.size = size
-        self._lock = threading.Lock()
-        self._latest: OrderedDict[tuple[object, ...], Made] = OrderedDict()
+        self._latest: BoundedCache[tuple[object, ...], Made] = BoundedCache(
+            "collector_windows", size, max_bytes=max_bytes, weigh=lambda m: m.tree.nbytes,
+            lru=True, keep=1)
         self.slid = 0       # how many trees were slid rather than merged (tests, metrics)
         self.on_tree: Callable[[str], None] | None = None   # hears "slid" or "merged"
 
@@ -57,8 +59,7 @@ class Windows:
         from the last one of ``key`` when that is exact, else ``build(generation)``."""
         generation = store.generation   # the tree sums the rows written by then
         key = (*key, end - start)
-        with self._lock:
-            last = self._latest.get(key)
+        last = self._latest.get(key)
         made = self._slide(store, last, stored, selector, start, end, generation) if last else None
         how = "slid"
         if made is None:
@@ -68,11 +69,7 @@ class Windows:
         if made is not None and self.on_tree is not None:
             self.on_tree(how)
         if made is not None:
-            with self._lock:
-                self._latest[key] = made
-                self._latest.move_to_end(key)
-                while len(self._latest) > self.size:
-                    self._latest.popitem(last=False)
+            self._latest.put(key, made)
         return made.tree if made is not None else None
 
     @staticmethod
