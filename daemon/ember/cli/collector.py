@@ -25,8 +25,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..collector.server import Collector
+    from ..collector.server import Collector, few_heaps
 
+    few_heaps()
     co = _config(args)
     stop, _reload = stop_and_reload_events()
     collector = Collector(co, allow_public=args.allow_public)
