@@ -73,7 +73,7 @@ class _Write:
         self.error: BaseException | None = None
 
 class Store:
-    def __init__(self, path: str | Path, memory_limit: str = "64MB"):
+    def __init__(self, path: str | Path, memory_limit: str = "128MB"):
         self.path = str(path)
         self._lock = threading.Lock()
         self._queued = threading.Lock()  # guards _queue: writes waiting for the lock
