@@ -442,32 +442,20 @@ class CollectorMetrics:
             "Merged trees the query API made, by how (merged: summed from the stored rows; "
             "slid: the last tree of the same query and range length moved on in time)",
             ["how"], registry=r)
-        self.cache_bytes = Gauge(
-            "ember_collector_cache_bytes",
-            "Approximate size of each of the query API's caches (collector_trees: merged "
-            "trees; collector_windows: the latest tree per query, to slide; collector_sums: "
-            "merged sums; collector_answers: rendered answers)", ["cache"], registry=r)
-        self.cache_evictions = Counter(
-            "ember_collector_cache_evictions_total",
-            "Entries a query API cache gave up to stay within its bound", ["cache"], registry=r)
-        self._evicted: dict[str, int] = {}
-
-    def caches(self, sizes: Mapping[str, tuple[int, int]]) -> None:
-        """The collector's caches' (bytes, evictions so far) by name."""
-        for name, (size, evicted) in sizes.items():
-            if name.startswith("collector_"):
-                self.cache_bytes.labels(name).set(size)
-                self.cache_evictions.labels(name).inc(
-                    max(0, evicted - self._evicted.get(name, 0)))
-                self._evicted[name] = evicted
+        self.cache_bytes = Gauge("ember_collector_cache_bytes", "Approximate size of each query "
+                                 "API cache (collector_trees: merged trees; collector_windows: "
+                                 "the latest tree per query, to slide; collector_sums: merged "
+                                 "sums; collector_answers: answers)", ["cache"], registry=r)
+        self.cache_evictions = Counter("ember_collector_cache_evictions_total", "Entries a query "
+                                       "API cache gave up to stay within its bound", ["cache"],
+                                       registry=r)
 
 
 def reference() -> str:
-    """Markdown reference of every metric the agent and the collector export
-    (docs/metrics.md, checked current by tests/test_metrics_doc.py)."""
+    """Markdown of every metric exported (docs/metrics.md; tests/test_metrics.py)."""
     out = ["# Metrics reference", "",
            "Generated from `daemon/ember/metrics.py` (`ember metrics-reference`); "
-           "`tests/test_metrics_doc.py` fails when this file is stale. Also exported: "
+           "`tests/test_metrics.py` fails when this file is stale. Also exported: "
            "`ember_process_*` (CPU seconds, resident memory, open file descriptors) from "
            "prometheus-client's process collector. Metrics marked *scrape time* are read "
            "from the kernel's BPF maps when Prometheus scrapes.", ""]
@@ -492,24 +480,21 @@ def reference() -> str:
 
 def _families() -> dict[str, tuple[str, tuple[str, ...], str]]:
     """The BPF collector's families: name -> (type, labels, help)."""
-    out = {}
-    for fam in BpfStatsCollector(lambda: {}).collect():
-        name = fam.name + ("_total" if fam.type == "counter" else "")
-        out[name] = (fam.type, _FAMILY_LABELS[fam.name], fam.documentation)
-    return out
+    return {fam.name + ("_total" if fam.type == "counter" else ""):
+            (fam.type, _FAMILY_LABELS[fam.name], fam.documentation)
+            for fam in BpfStatsCollector(lambda: {}).collect()}
 
 
 _FAMILY_LABELS = {
     "ember_bpf_events": ("type",), "ember_bpf_dropped": ("type", "reason"),
     "ember_bpf_stacks_lost": ("type", "reason"), "ember_bpf_offcpu_blocks": ("type", "stage"),
     "ember_bpf_program_run_seconds": ("type",), "ember_bpf_program_runs": ("type",),
-    "ember_bpf_map_memory_bytes": ("type", "map"),
-    "ember_bpf_unwind_stacks": ("type", "outcome"), "ember_bpf_unwind_fp_frames": ("type",),
-    "ember_unwind_tables": ("outcome",), "ember_unwind_rows": ("state",),
-    "ember_unwind_processes": (), "ember_unwind_dropped": ("what",),
+    "ember_bpf_map_memory_bytes": ("type", "map"), "ember_bpf_unwind_fp_frames": ("type",),
+    "ember_bpf_unwind_stacks": ("type", "outcome"), "ember_unwind_tables": ("outcome",),
+    "ember_unwind_rows": ("state",), "ember_unwind_processes": (),
+    "ember_unwind_dropped": ("what",),
     "ember_bpf_python_frames": ("type",), "ember_bpf_python_walks_failed": ("type", "reason"),
     "ember_python_processes": ("version",), "ember_python_refused": ("reason",),
-    "ember_python_frames_named": ("outcome",),
-    "ember_runqueue_latency_seconds": ("pid", "comm"),
+    "ember_python_frames_named": ("outcome",), "ember_runqueue_latency_seconds": ("pid", "comm"),
 }
 _BPF_FAMILIES = _families()

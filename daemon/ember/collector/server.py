@@ -140,6 +140,7 @@ class Collector:
             raise ConfigError("collector: tls_cert and tls_key go together")
         self.registry = registry or CollectorRegistry()
         self.metrics = CollectorMetrics(self.registry)
+        self._evicted: dict[str, int] = {}   # per query API cache, as last reported
         self.limits = Limits(max_profile_size=cfg.max_profile_size)
         self.workers = Workers(cfg.decode_workers, self.limits) if cfg.decode_workers else None
         self.store = Store(cfg.storage)
@@ -286,13 +287,22 @@ class Collector:
                 return 503, f"{problem}\n".encode(), "text/plain"
             return 200, b"ok\n", "text/plain"
         if path == "/metrics":
-            self.metrics.caches(cache.sizes())
+            self._report_caches()
             return 200, generate_latest(self.registry), CONTENT_TYPE_LATEST
         if path == "/" or path.startswith(("/ui/", "/vendor/")):
             return web.asset(path)
         if not self.authorized(auth):
             return error(401, "missing or wrong bearer token")
         return self.api.handle(path, query)
+
+    def _report_caches(self) -> None:
+        """The query API caches' bytes and evictions, into the metrics."""
+        for name, (size, evicted) in cache.sizes().items():
+            if name.startswith("collector_"):
+                self.metrics.cache_bytes.labels(name).set(size)
+                self.metrics.cache_evictions.labels(name).inc(
+                    max(0, evicted - self._evicted.get(name, 0)))
+                self._evicted[name] = evicted
 
     def _serve_http(self) -> None:
         tls = None
