@@ -29,7 +29,6 @@ import logging
 import os
 import threading
 import time
-from array import array
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -55,6 +54,7 @@ from .tables import (
     one,
     shape_json,
     shape_of,
+    stack_frames,
     storage_error,
 )
 
@@ -396,9 +396,9 @@ class Store:
     def stacks(self, ids: npt.NDArray[np.uint64]) -> dict[int, tuple[int, ...]]:
         """Frame ids (root first) of stacks."""
         with contextlib.closing(self.cursor()) as cur:
-            cur.register("_ids", {"id": ids})
-            got = cur.execute("SELECT s.id, s.frames FROM stacks s SEMI JOIN _ids USING (id)")
-            return {int(sid): tuple(array("Q", blob)) for sid, blob in got.fetchall()}
+            sids, bounds, frames = stack_frames(cur, ids)
+        return {sid: tuple(frames[a:b].tolist()) for sid, a, b
+                in zip(sids.tolist(), bounds[:-1].tolist(), bounds[1:].tolist(), strict=True)}
 
     def stored_leaves(self) -> npt.NDArray[np.uint32]:
         """The leaf id of every (thread name, stack) some sample row holds."""
