@@ -39,7 +39,8 @@ from ..flamegraph.inputs import Stacks
 from ..httpserve import Reply, check_cancelled
 from ..model import CPU, OFFCPU
 from .cache import Cache
-from .engine import DEFAULT_NODES, MAX_NODES, Index, Tree, kinds_of
+from .engine import DEFAULT_NODES, MAX_NODES, Tree, kinds_of
+from .index import Index
 from .matchers import Selector, selector
 from .query import FORMATS, SHAPE, TYPE_ALIASES, profile_of, render, scaled, tree_json
 from .store import Aggregate, Store

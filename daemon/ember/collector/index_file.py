@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from .engine import Index
+from .index import Index
 
 log = logging.getLogger(__name__)
 
