@@ -26,6 +26,12 @@ from .tables import stack_frames
 
 #: Leaves added to the index at a time (a fleet hour's 800,000 in chunks).
 CHUNK = 50_000
+#: New children kept in a dict while the start builds the index, before
+#: they are merged into the sorted arrays: a dict is faster to search, and
+#: larger. Fleet hour: all in the dict, 11.8 s and a peak of 498 MB; merged
+#: every 200,000, 15.3 s and 423 MB in-process, but no lower peak in a
+#: collector whose first query arrives during the build (654 vs 647 MB).
+WARM_MERGE_AT = 1 << 62
 
 
 class Index:
@@ -163,7 +169,7 @@ class Index:
         on the way (its stacks' frames) stays small. Returns the leaves."""
         leaf = self.store.stored_leaves()
         with self._lock:
-            self.merge_at = 1 << 62   # the children in a dict while it builds (faster)
+            self.merge_at = WARM_MERGE_AT
         try:
             for i in range(0, len(leaf), chunk):
                 ids = leaf[i:i + chunk]
