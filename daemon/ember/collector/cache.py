@@ -24,7 +24,6 @@ class Cache(Generic[T]):
 
     def __init__(self, name: str, size: int = 8, max_bytes: int = 0,
                  weigh: Callable[[T], int] | None = None):
-        self.size = size
         self._lock = threading.Lock()
         self._items: BoundedCache[tuple[object, ...], T] = BoundedCache(
             name, size, max_bytes=max_bytes, weigh=weigh, keep=1)   # the newest stays

@@ -46,7 +46,6 @@ class Windows:
     recently slid given up first (the newest stays, however large)."""
 
     def __init__(self, size: int = 16, max_bytes: int = 64 << 20):
-        self.size = size
         self._latest: BoundedCache[tuple[object, ...], Made] = BoundedCache(
             "collector_windows", size, max_bytes=max_bytes, weigh=lambda m: m.tree.nbytes,
             lru=True, keep=1)
