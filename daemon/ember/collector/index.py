@@ -12,26 +12,19 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from array import array
 
 import numpy as np
 import numpy.typing as npt
 
 from ..encode.folded import clean
 from ..flamegraph.inputs import _kind
-from ..model import MAX_STACK_DEPTH, TRUNCATED, cap_depth
+from ..model import MAX_STACK_DEPTH, TRUNCATED
 from .leaves import leaf_keys
 from .store import Aggregate, Store
 from .tables import stack_frames
 
 #: Leaves added to the index at a time (a fleet hour's 800,000 in chunks).
 CHUNK = 50_000
-#: New children kept in a dict while the start builds the index, before
-#: they are merged into the sorted arrays: a dict is faster to search, and
-#: larger. Fleet hour: all in the dict, 11.8 s and a peak of 498 MB; merged
-#: every 200,000, 15.3 s and 423 MB in-process, but no lower peak in a
-#: collector whose first query arrives during the build (654 vs 647 MB).
-WARM_MERGE_AT = 1 << 62
 
 
 class Index:
@@ -40,31 +33,25 @@ class Index:
     def __init__(self, store: Store):
         self.store = store
         self._lock = threading.Lock()
-        self.parent = array("q", [-1])
-        self.name = array("q", [0])
-        self.depth = array("q", [0])
-        self.recursive = array("b", [0])   # the name is also an ancestor's (below threads)
+        # the nodes, one entry each (the root: node 0); replaced, never
+        # written in place, as nodes are added: an array a reader took stays
+        # as it was (``arrays``)
+        self.parent = np.array([-1], np.int64)
+        self.name = np.array([0], np.int64)
+        self.depth = np.array([0], np.int64)
+        self.recursive = np.zeros(1, np.bool_)  # the name is also an ancestor's (below threads)
         self.names = ["all"]
         self._name_ids = {"all": 0}
         self.kinds: dict[str, str] = {}
         # child node by parent << 32 | name id, as sorted arrays (a fleet's
-        # hour has near a million nodes: as a dict they held 90 MB), and in a
-        # dict those made since the arrays were last merged (``_merge_made``)
+        # hour has near a million nodes: as a dict they held 90 MB)
         self._edges = (np.zeros(0, np.uint64), np.zeros(0, np.int64))
-        self._made: dict[int, int] = {}
-        self._made_from = 1   # nodes from here on have their children in _made
-        self.merge_at = 0     # children in _made past which an _add merges them
         self._keys = np.zeros(0, np.uint64)       # sorted (thread name, stack) keys
         self._leaves = np.zeros(0, np.int64)      # their nodes
         self._by_leaf = np.zeros(0, np.int64)     # node by the store's leaf id (-1: not yet)
         self._levels: list[npt.NDArray[np.int64]] = []
         self._levels_for = 0
         self._frame_names: dict[int, int] = {}
-        self._arrays_for = -1
-        self._arrays: tuple[npt.NDArray[np.int64], npt.NDArray[np.int64],
-                            npt.NDArray[np.bool_], npt.NDArray[np.int64]] = (
-            np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, bool),
-            np.zeros(0, np.int64))
 
     def __len__(self) -> int:
         return len(self.parent)
@@ -76,41 +63,10 @@ class Index:
             self.names.append(name)
         return nid
 
-    def _child(self, parent: int, nid: int, recursive: bool = False) -> int:
-        """The node for name ``nid`` under ``parent``, made if new;
-        ``recursive``: the name is also one of its frames' ancestors'."""
-        node = self.child(parent, nid)
-        if node is None:
-            node = self._made[parent << 32 | nid] = len(self.parent)
-            self.parent.append(parent)
-            self.name.append(nid)
-            self.depth.append(self.depth[parent] + 1)
-            self.recursive.append(recursive)
-        return node
-
     def child(self, parent: int, nid: int) -> int | None:
         """The node for name ``nid`` under ``parent``, if there is one yet."""
-        key = parent << 32 | nid
-        node = self._made.get(key)
-        if node is not None or parent >= self._made_from:
-            return node
-        keys, nodes = self._edges
-        i = int(np.searchsorted(keys, np.uint64(key)))
-        return int(nodes[i]) if i < len(keys) and int(keys[i]) == key else None
-
-    def _merge_made(self) -> None:
-        """The children made since the last merge, into the sorted arrays."""
-        if self._made:
-            n = len(self._made)
-            new = np.fromiter(self._made.keys(), np.uint64, n)
-            order = np.argsort(new)
-            new_nodes = np.fromiter(self._made.values(), np.int64, n)[order]
-            new = new[order]
-            keys, nodes = self._edges
-            at = np.searchsorted(keys, new)
-            self._edges = (np.insert(keys, at, new), np.insert(nodes, at, new_nodes))
-            self._made = {}
-        self._made_from = len(self.parent)
+        found = _search(self._edges, np.array([parent << 32 | nid], np.uint64))[0]
+        return None if found < 0 else int(found)
 
     def leaves(self, agg: Aggregate) -> npt.NDArray[np.int64]:
         """The node of each (thread name, stack) of an aggregate by name:
@@ -165,20 +121,13 @@ class Index:
     def warm(self, chunk: int = CHUNK) -> int:
         """Every stored (thread name, stack) made a leaf, as a collector
         starts: the first query then finds the index built (for a fleet's
-        hour, 800,000 leaves take seconds). In chunks, so what a chunk needs
-        on the way (its stacks' frames) stays small. Returns the leaves."""
+        hour, 800,000 leaves). In chunks, so what a chunk needs on the way
+        (its stacks' frames) stays small. Returns the leaves."""
         leaf = self.store.stored_leaves()
-        with self._lock:
-            self.merge_at = WARM_MERGE_AT
-        try:
-            for i in range(0, len(leaf), chunk):
-                ids = leaf[i:i + chunk]
-                thread, stack = self.store.leaves.pairs(ids)
-                self._by_leaf_ids(ids, thread, stack)
-        finally:
-            with self._lock:
-                self.merge_at = 0
-                self._merge_made()
+        for i in range(0, len(leaf), chunk):
+            ids = leaf[i:i + chunk]
+            thread, stack = self.store.leaves.pairs(ids)
+            self._by_leaf_ids(ids, thread, stack)
         return len(leaf)
 
     def _lookup(self, keys: npt.NDArray[np.uint64]) -> tuple[npt.NDArray[np.int64],
@@ -193,70 +142,86 @@ class Index:
 
     def _add(self, keys: npt.NDArray[np.uint64], stacks: npt.NDArray[np.uint64],
              tnames: list[str]) -> None:
-        """Leaves for new (thread name, stack) keys. Each stack becomes its
-        names once; the keys are walked in sorted order, so a stack shares
-        the path of the one before it as far as their names agree, and only
-        the rest is looked up: work follows the nodes, not every frame of
-        every stack (stacks grow as prefix trees)."""
+        """Leaves for new (thread name, stack) keys, made a level at a time
+        for all of them: the thread names' nodes, then each stack's first
+        frame under those, and so on. A level is one search of the sorted
+        edges, and its missing (parent, name) pairs become nodes at once, so
+        the work is array passes over the stacks' frames, with no Python
+        object per node or frame."""
         with contextlib.closing(self.store.cursor()) as cur:
-            names_of = self._names_of(*stack_frames(cur, np.unique(stacks)))
-        todo = sorted({(tname, names_of.get(stack, ()), key) for key, stack, tname
-                       in zip(keys.tolist(), stacks.tolist(), tnames, strict=True)})
-        new_keys, new_nodes = [], []
-        thread = ""
-        path: tuple[int, ...] = ()
-        nodes: list[int] = []
-        for tname, names, key in todo:
-            if tname != thread or not nodes:
-                thread, path, nodes = tname, (), [self._child(0, self._name_id(tname))]
-            same = _common(path, names)
-            del nodes[same + 1:]
-            node = nodes[-1]
-            for i in range(same, len(names)):
-                nid = names[i]
-                node = self._child(node, nid, nid in names[:i])
-                nodes.append(node)
-            path = names
-            new_keys.append(key)
-            new_nodes.append(node)
-        added = np.array(new_keys, np.uint64)
-        order = np.argsort(added)
-        added = added[order]
+            sids, bounds, frames = stack_frames(cur, np.unique(stacks))
+        names, starts, recursive = self._paths(bounds, frames)
+        # each leaf's stack among those read (in the store's order)
+        by_id = np.argsort(sids)
+        at = by_id[np.searchsorted(sids, stacks, sorter=by_id).clip(0, len(sids) - 1)] \
+            if len(sids) else np.zeros(len(stacks), np.int64)
+        known = sids[at] == stacks if len(sids) else np.zeros(len(stacks), bool)
+        length = np.where(known, np.diff(starts)[at] if len(sids) else 0, 0)
+        first = starts[at]
+        made = _Made(len(self.parent))
+        # (a stack the store lacks has no frames: its leaf is its thread name)
+        tids = np.fromiter(map(self._name_id, tnames), np.int64, len(tnames))
+        node = made.children(self._edges, np.zeros(len(tids), np.int64), tids,
+                             np.zeros(len(tids), bool), 1)
+        for level in range(int(length.max(initial=0))):
+            on = np.flatnonzero(length > level)
+            pos = first[on] + level
+            node[on] = made.children(self._edges, node[on], names[pos], recursive[pos],
+                                     level + 2)
+        self.parent, self.name, self.depth, self.recursive = made.nodes(
+            self.parent, self.name, self.depth, self.recursive)
+        self._edges = made.edges(self._edges)
+        order = np.argsort(keys)
+        added = keys[order]
         at = np.searchsorted(self._keys, added)
         self._keys = np.insert(self._keys, at, added)
-        self._leaves = np.insert(self._leaves, at, np.array(new_nodes, np.int64)[order])
-        if len(self._made) > self.merge_at:
-            self._merge_made()
+        self._leaves = np.insert(self._leaves, at, node[order])
 
-    def _names_of(self, sids: npt.NDArray[np.uint64], bounds: npt.NDArray[np.int64],
-                  frames: npt.NDArray[np.uint64]) -> dict[int, tuple[int, ...]]:
-        """Each stack's name ids, root first, capped as folded output is
-        (the stacks as tables.stack_frames reads them)."""
+    def _paths(self, bounds: npt.NDArray[np.int64], frames: npt.NDArray[np.uint64]
+               ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.bool_]]:
+        """The stacks (as tables.stack_frames reads them) as name ids, root
+        first, capped as folded output is: (names one stack after another,
+        where each stack starts (and the end), whether each name is also an
+        earlier one of its stack)."""
         interned = self.store.interner.frames
         known = self._frame_names
-        for fid in np.unique(frames).tolist():
+        ufids = np.sort(np.unique(frames))   # (hashed, then sorted: twice as fast)
+        for fid in ufids.tolist():
             if fid not in known:
                 f = interned.get(fid)
                 name = TRUNCATED if f is None else clean(f.name)
                 if f is not None:
                     self.kinds.setdefault(name, _kind(f))
                 known[fid] = self._name_id(name)
-        cut = self._name_id(TRUNCATED)
-        out = {}
-        lo = bounds[:-1].tolist()
-        hi = bounds[1:].tolist()
-        for stack, a, b in zip(sids.tolist(), lo, hi, strict=True):
-            names = tuple(map(known.__getitem__, frames[a:b].tolist()))
-            if len(names) > MAX_STACK_DEPTH - 1:
-                names = tuple(cap_depth(names, cut, MAX_STACK_DEPTH - 1))
-            out[stack] = names
-        return out
+        names = np.fromiter(map(known.__getitem__, ufids.tolist()), np.int64,
+                            len(ufids))[np.searchsorted(ufids, frames)]
+        lens = np.diff(bounds)
+        limit = MAX_STACK_DEPTH - 1
+        if len(lens) and lens.max() > limit:
+            # cap_depth: the marker, then the limit - 1 leafmost frames
+            ends = np.repeat(bounds[1:], lens)
+            names = names[ends - np.arange(len(names)) <= limit - 1]
+            lens = np.minimum(lens, limit - 1)
+            capped = np.flatnonzero(np.diff(bounds) > limit)
+            bounds = np.concatenate(([0], np.cumsum(lens)))
+            names = np.insert(names, bounds[capped], self._name_id(TRUNCATED))
+            lens[capped] += 1
+            bounds = np.concatenate(([0], np.cumsum(lens)))
+        # recursive: the same name earlier in the same stack (a stable sort
+        # by stack and name: the stacks are in order already, and short)
+        pairs = np.repeat(np.arange(len(lens), dtype=np.int64), lens) * len(self.names) + names
+        order = np.argsort(pairs, kind="stable")
+        again = np.zeros(len(names), bool)
+        again[1:] = pairs[order][1:] == pairs[order][:-1]
+        recursive = np.empty(len(names), bool)
+        recursive[order] = again
+        return names, bounds, recursive
 
     def levels(self) -> list[npt.NDArray[np.int64]]:
         """Node indices by depth (index 0: the root)."""
         with self._lock:
             if self._levels_for != len(self.parent):
-                depth = np.array(self.depth, np.int64)
+                depth = self.depth
                 order = np.argsort(depth, kind="stable")
                 bounds = np.searchsorted(depth[order], np.arange(int(depth.max()) + 2))
                 self._levels = [order[bounds[d]:bounds[d + 1]] for d in range(len(bounds) - 1)]
@@ -265,24 +230,73 @@ class Index:
 
     def arrays(self) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64],
                               npt.NDArray[np.bool_], npt.NDArray[np.int64]]:
-        """(parent, name id, recursive, depth) as arrays: copies, since the
-        index grows under them, one set shared by every tree made while the
-        index has this size (the cached trees hold only their values)."""
+        """(parent, name id, recursive, depth) as arrays, the ones every
+        tree made while the index has this size shares (nodes added later
+        come in new arrays: the cached trees hold only their values)."""
         with self._lock:
-            if self._arrays_for != len(self.parent):
-                self._arrays = (np.array(self.parent, np.int64), np.array(self.name, np.int64),
-                                np.array(self.recursive, bool), np.array(self.depth, np.int64))
-                self._arrays_for = len(self.parent)
-            return self._arrays
+            return self.parent, self.name, self.recursive, self.depth
 
 
-def _common(a: tuple[int, ...], b: tuple[int, ...]) -> int:
-    """The length of the common prefix of a and b (slices compare in C)."""
-    lo, hi = 0, min(len(a), len(b))
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if a[:mid] == b[:mid]:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
+def _search(edges: tuple[npt.NDArray[np.uint64], npt.NDArray[np.int64]],
+            keys: npt.NDArray[np.uint64]) -> npt.NDArray[np.int64]:
+    """The child node of each parent << 32 | name key, -1 where none."""
+    sorted_keys, nodes = edges
+    if not len(sorted_keys):
+        return np.full(len(keys), -1, np.int64)
+    at = np.searchsorted(sorted_keys, keys).clip(0, len(sorted_keys) - 1)
+    return np.where(sorted_keys[at] == keys, nodes[at], -1)
+
+
+class _Made:
+    """The nodes one ``Index._add`` makes, numbered from ``base`` on, until
+    they join the index's arrays at once."""
+
+    def __init__(self, base: int):
+        self.base = base
+        self.count = 0
+        self._parts: list[tuple[npt.NDArray[np.uint64], npt.NDArray[np.int64],
+                                npt.NDArray[np.int64], npt.NDArray[np.bool_], int]] = []
+
+    def children(self, edges: tuple[npt.NDArray[np.uint64], npt.NDArray[np.int64]],
+                 parents: npt.NDArray[np.int64], names: npt.NDArray[np.int64],
+                 recursive: npt.NDArray[np.bool_], depth: int) -> npt.NDArray[np.int64]:
+        """The child named ``names[i]`` of each ``parents[i]`` (all of one
+        depth), made where there is none. A parent made by this add has no
+        child in ``edges`` yet, and no other level's pairs can be these."""
+        keys = (parents.astype(np.uint64) << np.uint64(32)) | names.astype(np.uint64)
+        out = _search(edges, keys)
+        missing = np.flatnonzero(out < 0)
+        if len(missing):
+            new, first, which = np.unique(keys[missing], return_index=True,
+                                          return_inverse=True)
+            ids = self.base + self.count + np.arange(len(new), dtype=np.int64)
+            out[missing] = ids[which.reshape(-1)]
+            at = missing[first]
+            self._parts.append((new, parents[at], names[at], recursive[at], depth))
+            self.count += len(new)
+        return out
+
+    def nodes(self, parent: npt.NDArray[np.int64], name: npt.NDArray[np.int64],
+              depth: npt.NDArray[np.int64], recursive: npt.NDArray[np.bool_]
+              ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64],
+                         npt.NDArray[np.int64], npt.NDArray[np.bool_]]:
+        """The index's node arrays with these nodes after them (new arrays)."""
+        if not self._parts:
+            return parent, name, depth, recursive
+        return (np.concatenate([parent, *(p[1] for p in self._parts)]),
+                np.concatenate([name, *(p[2] for p in self._parts)]),
+                np.concatenate([depth, *(np.full(len(p[0]), p[4], np.int64)
+                                         for p in self._parts)]),
+                np.concatenate([recursive, *(p[3] for p in self._parts)]))
+
+    def edges(self, edges: tuple[npt.NDArray[np.uint64], npt.NDArray[np.int64]]
+              ) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.int64]]:
+        """``edges`` with these nodes' (sorted arrays, new)."""
+        if not self._parts:
+            return edges
+        new = np.concatenate([p[0] for p in self._parts])
+        nodes = self.base + np.arange(len(new), dtype=np.int64)
+        order = np.argsort(new)
+        new, nodes = new[order], nodes[order]
+        at = np.searchsorted(edges[0], new)
+        return np.insert(edges[0], at, new), np.insert(edges[1], at, nodes)

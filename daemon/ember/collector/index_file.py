@@ -21,7 +21,6 @@ import json
 import logging
 import os
 import zipfile
-from array import array
 from pathlib import Path
 from typing import Any
 
@@ -86,17 +85,16 @@ def load(index: Index, path: Path) -> int:
     with index._lock:
         if len(index.parent) > 1:
             return 0
-        index.parent = array("q", parent.tolist())
-        index.name = array("q", name.tolist())
-        index.depth = array("q", got["depth"].tolist())
-        index.recursive = array("b", got["recursive"].tolist())
+        index.parent = parent.astype(np.int64)
+        index.name = name.astype(np.int64)
+        index.depth = got["depth"].astype(np.int64)
+        index.recursive = got["recursive"].astype(np.bool_)
         index.names = names
         index._name_ids = {n: i for i, n in enumerate(names)}
         index.kinds = {str(k): str(v) for k, v in kinds.items()}
         edges = ((parent[1:] << 32) | name[1:]).astype(np.uint64)
         order = np.argsort(edges)
         index._edges = (edges[order], np.arange(1, len(parent), dtype=np.int64)[order])
-        index._made, index._made_from = {}, len(parent)
         index._keys, index._leaves = got["keys"], got["leaves"]
         index._frame_names = dict(zip(got["fids"].tolist(), got["fnames"].tolist(), strict=True))
     return len(parent)

@@ -1,0 +1,123 @@
+"""The query index (collector/index.py): every stored (thread name, stack)
+is the path of names a plain walk of its frames gives (capped as folded
+output is, each name marked recursive when its stack had it before), in
+one tree whose nodes are shared by every path through them, however the
+leaves came in (one chunk, many, or a second write's new stacks)."""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import time
+from dataclasses import replace
+
+import numpy as np
+
+from ember.collector.index import Index
+from ember.collector.store import Store
+from ember.collector.tables import stack_frames
+from ember.encode.folded import clean
+from ember.model import MAX_STACK_DEPTH, TRUNCATED, Profile, cap_depth
+from tests.support.profiles import FLEET_EXE, fleet_profile, write_fleet
+
+S = 10**9
+T0 = (time.time_ns() // S - 600) * S
+
+
+def deep_profile(rng: random.Random) -> Profile:
+    """fleet_profile with a few stacks deeper than the tree keeps."""
+    p = fleet_profile(rng, 20)
+    deep = []
+    for x in p.samples[:4]:
+        extra = rng.randint(MAX_STACK_DEPTH - 3, 2 * MAX_STACK_DEPTH)
+        frames = tuple(replace(x.frames[-1], name=f"deep{rng.randint(0, 9)}", inlined=False,
+                               address=FLEET_EXE.start + 0x10000 + 4 * i)
+                       for i in range(extra))
+        deep.append(replace(x, frames=(*x.frames, *frames)))
+    return replace(p, samples=(*p.samples, *deep))
+
+
+def expected(store: Store) -> dict[tuple[int, int], list[tuple[str, bool]]]:
+    """Each stored (thread name, stack): its path from a plain walk."""
+    ids = store.stored_leaves()
+    thread, stack = store.leaves.pairs(ids)
+    with contextlib.closing(store.cursor()) as cur:
+        sids, bounds, frames = stack_frames(cur, np.unique(stack))
+    names_of = {}
+    for sid, a, b in zip(sids.tolist(), bounds[:-1].tolist(), bounds[1:].tolist(), strict=True):
+        names = [clean(store.interner.frames[f].name) for f in frames[a:b].tolist()]
+        names_of[sid] = list(cap_depth(names, TRUNCATED, MAX_STACK_DEPTH - 1))
+    out = {}
+    for t, s in zip(thread.tolist(), stack.tolist(), strict=True):
+        names = names_of.get(s, [])
+        out[(t, s)] = [(store.thread_names[t], False),
+                       *((n, n in names[:i]) for i, n in enumerate(names))]
+    return out
+
+
+def paths(index: Index, store: Store) -> dict[tuple[int, int], list[tuple[str, bool]]]:
+    parent, name, recursive, depth = index.arrays()
+    ids = store.stored_leaves()
+    thread, stack = store.leaves.pairs(ids)
+    out = {}
+    for t, s, node in zip(thread.tolist(), stack.tolist(),
+                          index._by_leaf_ids(ids, thread, stack).tolist(), strict=True):
+        path = []
+        while node > 0:
+            path.append((index.names[name[node]], bool(recursive[node])))
+            assert depth[node] == depth[parent[node]] + 1
+            node = int(parent[node])
+        out[(t, s)] = path[::-1]
+    return out
+
+
+def check_tree(index: Index) -> None:
+    parent, name, _, _ = index.arrays()
+    n = len(parent)
+    assert (parent[1:] < np.arange(1, n)).all() and (parent[1:] >= 0).all()
+    edges = parent[1:] << 32 | name[1:]
+    assert len(np.unique(edges)) == n - 1, "a (parent, name) pair made twice"
+    for node in random.Random(3).sample(range(1, n), min(n - 1, 200)):
+        assert index.child(int(parent[node]), int(name[node])) == node
+
+
+def test_the_index_holds_each_stack_as_a_plain_walk_of_its_frames() -> None:
+    rng = random.Random(11)
+    store = Store(":memory:")
+    for at in range(3):
+        write_fleet(store, rng, T0 + at * S)
+    for chunk in (1, 7, 10_000):
+        index = Index(store)
+        assert index.warm(chunk) == len(store.stored_leaves())
+        assert paths(index, store) == expected(store)
+        check_tree(index)
+    # stacks written after the index was built come in beside its nodes
+    before = len(index)
+    for at in range(3, 5):
+        write_fleet(store, rng, T0 + at * S, pids=(13, 14))
+    index.warm(5)
+    assert len(index) > before
+    assert paths(index, store) == expected(store)
+    check_tree(index)
+
+
+def test_deep_and_recursive_stacks_are_capped_and_marked_as_folded_output_is() -> None:
+    from ember.agent.labels import ProcessLabels, series_labels
+    from ember.collector.validate import DEFAULT_LIMITS, check_request
+    from ember.encode.writeraw import make_series
+    from ember.proto import profilestore_pb2 as ps
+
+    rng = random.Random(5)
+    store = Store(":memory:")
+    p = deep_profile(rng)
+    labels = series_labels(p.type, ProcessLabels(pid=10, comm="app"), {})
+    series = make_series(replace(p, start_ns=T0, duration_ns=S, labels=labels))[0]
+    store.write(check_request(ps.WriteRawRequest(series=[series]), DEFAULT_LIMITS, T0 + S))
+    index = Index(store)
+    index.warm(3)
+    got = paths(index, store)
+    assert got == expected(store)
+    assert max(map(len, got.values())) == MAX_STACK_DEPTH   # thread name + the capped stack
+    assert any(path[1][0] == TRUNCATED for path in got.values())
+    assert any(rec for path in got.values() for _, rec in path)
+    check_tree(index)
