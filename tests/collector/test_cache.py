@@ -20,22 +20,36 @@ S = 10**9
 def test_entries_past_the_byte_bound_go_oldest_first() -> None:
     cache: Cache[bytes] = Cache("collector_test", size=100, max_bytes=250, weigh=len)
     for i in range(3):
-        cache.get((i,), lambda: bytes(100))
+        cache.get(0, (i,), lambda: bytes(100))
     made: list[int] = []
 
     def make(i: int) -> bytes:
         made.append(i)
         return bytes(100)
     for i in (2, 1, 0):   # 1 and 2 were kept (200 bytes); 0 went first
-        cache.get((i,), lambda i=i: make(i))   # type: ignore[misc]
+        cache.get(0, (i,), lambda i=i: make(i))   # type: ignore[misc]
     assert made == [0]
 
 
 def test_the_newest_entry_stays_however_large() -> None:
     cache: Cache[bytes] = Cache("collector_test", size=8, max_bytes=10, weigh=len)
     big = bytes(1000)
-    assert cache.get(("a",), lambda: big) is big
-    assert cache.get(("a",), lambda: b"made again") is big
+    assert cache.get(0, ("a",), lambda: big) is big
+    assert cache.get(0, ("a",), lambda: b"made again") is big
+
+
+def test_a_newer_generation_drops_the_entries_a_write_made_unreachable() -> None:
+    cache: Cache[bytes] = Cache("collector_test", size=100, max_bytes=10_000, weigh=len)
+    for q in ("tree", "top"):
+        cache.get(1, (q,), lambda: bytes(100))
+    assert cache._items.size_bytes() == 200
+    cache.get(2, ("tree",), lambda: bytes(100))    # after a write
+    assert [k for k, _ in cache._items.items()] == [(2, "tree")]
+    # a request that began before the write gets its answer, which is not kept
+    late = b"of generation 1"
+    assert cache.get(1, ("top",), lambda: late) is late
+    assert [k for k, _ in cache._items.items()] == [(2, "tree")]
+    assert cache.get(2, ("tree",), lambda: b"made again") == bytes(100)
 
 
 def test_one_entry_is_made_once_for_requests_at_once() -> None:
@@ -48,7 +62,7 @@ def test_one_entry_is_made_once_for_requests_at_once() -> None:
         gate.wait(5)
         return 7
     got: list[int | None] = []
-    threads = [threading.Thread(target=lambda: got.append(cache.get(("k",), slow)))
+    threads = [threading.Thread(target=lambda: got.append(cache.get(0, ("k",), slow)))
                for _ in range(4)]
     for t in threads:
         t.start()

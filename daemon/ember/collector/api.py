@@ -181,10 +181,10 @@ class Api:
         of Python each time, and viewers of one range ask alike."""
         start, end, _ = _select(q)
         asked = {k: v for k, v in q.items() if k not in ("since", "from", "to")}
-        key = (path, start, end, self.store.generation,
-               tuple(sorted((k, tuple(v)) for k, v in asked.items())))
-        reply = self.rendered.get(key, lambda: route({**asked, "from": [str(start)],
-                                                      "to": [str(end)]}))
+        key = (path, start, end, tuple(sorted((k, tuple(v)) for k, v in asked.items())))
+        reply = self.rendered.get(self.store.generation, key,
+                                  lambda: route({**asked, "from": [str(start)],
+                                                 "to": [str(end)]}))
         if reply is None:   # a route answers or raises
             raise LookupError(f"{path}: no answer")
         return reply
@@ -216,8 +216,7 @@ class Api:
         samples; other time: microseconds)."""
         start, end, matchers = _select(q, prefix)
         stored = TYPE_ALIASES.get(type_, type_)
-        key = (stored, start, end, matchers.key(), folded,
-               self.store.generation)
+        key = (stored, start, end, matchers.key(), folded)
 
         def build(generation: int) -> Made | None:
             shapes = self.store.shapes(stored)
@@ -232,7 +231,7 @@ class Api:
             else:
                 unit = "ns" if last_unit == "nanoseconds" else last_type
                 index, scale = len(types) - 1, 1
-            agg = self.sums.get((stored, start, end, matchers.key(), index, generation),
+            agg = self.sums.get(generation, (stored, start, end, matchers.key(), index),
                                 lambda: self.store.aggregate(start, end, matchers, stored,
                                                              by_name=True, value=index,
                                                              upto=generation))
@@ -248,7 +247,7 @@ class Api:
             return self.windows.tree(self.store, (stored, matchers.key(), folded), stored,
                                      matchers, start, end, build)
 
-        tree = self.cache.get(key, make)
+        tree = self.cache.get(self.store.generation, key, make)
         if tree is None:
             raise LookupError("no profiles match")
         return tree

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import Generic, TypeVar
+from typing import Generic, TypeVar, cast
 
 from ..cache import BoundedCache
 
@@ -13,10 +13,13 @@ T = TypeVar("T")
 
 
 class Cache(Generic[T]):
-    """Trees (or the sums they are built from, or answers) by (query, store
-    generation): a write makes older entries unreachable, and the oldest go
-    past ``size`` entries or ``max_bytes`` (``weigh``: an entry's bytes;
-    the newest stays, however large).
+    """Trees (or the sums they are built from, or answers) by (store
+    generation, query): a write makes older entries unreachable, so the
+    first entry of a newer generation drops them (a fleet writes every few
+    seconds: kept, they were most of what the caches held), and the oldest
+    go past ``size`` entries or ``max_bytes`` (``weigh``: an entry's bytes;
+    the newest stays, however large). An entry made for an older generation
+    than one kept is returned, not kept.
     The entries are a ``BoundedCache`` named ``name``, so the collector's
     metrics show each cache's size. Requests for one being made wait for it
     rather than make it again (a page asks for the flame graph and the table
@@ -28,8 +31,11 @@ class Cache(Generic[T]):
         self._items: BoundedCache[tuple[object, ...], T] = BoundedCache(
             name, size, max_bytes=max_bytes, weigh=weigh, keep=1)   # the newest stays
         self._making: dict[tuple[object, ...], threading.Lock] = {}
+        self._generation = 0   # the newest generation an entry was kept for
 
-    def get(self, key: tuple[object, ...], make: Callable[[], T | None]) -> T | None:
+    def get(self, generation: int, query: tuple[object, ...],
+            make: Callable[[], T | None]) -> T | None:
+        key = (generation, *query)
         while True:
             with self._lock:
                 hit = self._items.get(key)
@@ -46,9 +52,19 @@ class Cache(Generic[T]):
             tree = make()
             if tree is not None:
                 with self._lock:
-                    self._items.put(key, tree)
+                    self._keep(generation, key, tree)
             return tree
         finally:
             with self._lock:
                 del self._making[key]
             making.release()
+
+    def _keep(self, generation: int, key: tuple[object, ...], value: T) -> None:
+        if generation < self._generation:
+            return
+        if generation > self._generation:
+            self._generation = generation
+            for old, _ in self._items.items():
+                if cast(int, old[0]) < generation:
+                    self._items.pop(old)
+        self._items.put(key, value)
