@@ -61,7 +61,7 @@ def paths(index: Index, store: Store) -> dict[tuple[int, int], list[tuple[str, b
     thread, stack = store.leaves.pairs(ids)
     out = {}
     for t, s, node in zip(thread.tolist(), stack.tolist(),
-                          index._by_leaf_ids(ids, thread, stack).tolist(), strict=True):
+                          index._by_leaf_ids(ids).tolist(), strict=True):
         path = []
         while node > 0:
             path.append((index.names[name[node]], bool(recursive[node])))

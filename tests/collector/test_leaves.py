@@ -96,7 +96,9 @@ def test_a_merge_by_leaf_sums_what_the_rows_hold(tmp_path: Path) -> None:
         want = {(t, s): (v0, v1) for t, s, v0, v1 in cur.execute(
             "SELECT tname, stack, sum(v0), sum(v1) FROM samples GROUP BY tname, stack"
         ).fetchall()}
-    got = {(t, s): (a, b) for t, s, a, b in zip(agg.thread.tolist(), agg.stack.tolist(),
+    assert agg.thread is None and agg.stack is None   # the leaf ids name them
+    thread, stack = store.leaves.pairs(agg.leaf)
+    got = {(t, s): (a, b) for t, s, a, b in zip(thread.tolist(), stack.tolist(),
                                                 agg.values[0].tolist(), agg.values[1].tolist(),
                                                 strict=True)}
     assert got == want

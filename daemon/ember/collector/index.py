@@ -71,12 +71,13 @@ class Index:
     def leaves(self, agg: Aggregate) -> npt.NDArray[np.int64]:
         """The node of each (thread name, stack) of an aggregate by name:
         by the store's leaf ids, one array lookup, once each id is known."""
-        if agg.leaf is None:
-            return self._ensure(agg.thread, agg.stack)
-        return self._by_leaf_ids(agg.leaf, agg.thread, agg.stack)
+        if agg.leaf is not None:
+            return self._by_leaf_ids(agg.leaf)
+        if agg.thread is None or agg.stack is None:
+            raise ValueError("an aggregate names its pairs by leaf ids or by ids")
+        return self._ensure(agg.thread, agg.stack)
 
-    def _by_leaf_ids(self, ids: npt.NDArray[np.uint32], thread: npt.NDArray[np.uint64],
-                     stack: npt.NDArray[np.uint64]) -> npt.NDArray[np.int64]:
+    def _by_leaf_ids(self, ids: npt.NDArray[np.uint32]) -> npt.NDArray[np.int64]:
         leaf = ids.astype(np.int64)
         with self._lock:
             by_leaf = self._by_leaf
@@ -85,7 +86,7 @@ class Index:
         nodes[inside] = by_leaf[leaf[inside]]
         new = nodes < 0
         if new.any():
-            nodes[new] = self._ensure(thread[new], stack[new])
+            nodes[new] = self._ensure(*self.store.leaves.pairs(ids[new]))
             with self._lock:
                 if len(self._by_leaf) <= int(leaf.max()):
                     grown = np.full(max(int(leaf.max()) + 1, 2 * len(self._by_leaf)), -1,
@@ -125,9 +126,7 @@ class Index:
         (its stacks' frames) stays small. Returns the leaves."""
         leaf = self.store.stored_leaves()
         for i in range(0, len(leaf), chunk):
-            ids = leaf[i:i + chunk]
-            thread, stack = self.store.leaves.pairs(ids)
-            self._by_leaf_ids(ids, thread, stack)
+            self._by_leaf_ids(leaf[i:i + chunk])
         return len(leaf)
 
     def _lookup(self, keys: npt.NDArray[np.uint64]) -> tuple[npt.NDArray[np.int64],

@@ -31,7 +31,10 @@ SHAPE = "shape"
 
 
 def profile_of(store: Store, agg: Aggregate, start_ns: int, end_ns: int) -> Profile:
-    """The aggregate as one profile: a sample per (thread, stack)."""
+    """The aggregate (per thread, not by name) as one profile: a sample per
+    (thread, stack)."""
+    if agg.thread is None or agg.stack is None:
+        raise ValueError("a profile is made of sums per thread, not by thread name")
     frames_of = store.stacks(np.unique(agg.stack))
     frames = store.interner.frames
     threads = store.interner.threads

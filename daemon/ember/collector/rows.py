@@ -54,8 +54,11 @@ class Aggregate:
     view starts from."""
 
     shape: ProfileType
-    thread: npt.NDArray[np.uint64]   # thread ids, or thread name ids (by_name)
-    stack: npt.NDArray[np.uint64]
+    # per (thread, stack) summed: their ids; None when summed by name (the
+    # leaf ids then name each (thread name, stack): Store.leaves.pairs),
+    # which a fleet's hour holds 800,000 of: 12.8 MB more per merge
+    thread: npt.NDArray[np.uint64] | None
+    stack: npt.NDArray[np.uint64] | None
     values: tuple[npt.NDArray[np.int64] | None, ...]   # per sample type; None: not summed
     profiles: int
     skipped: dict[str, int]

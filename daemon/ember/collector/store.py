@@ -362,12 +362,11 @@ class Store:
         finally:
             cur.close()
         cols = list(got.values())
-        if by_name:
+        thread = stack = leaf = None
+        if by_name:   # (the leaf ids name the pairs: store.leaves.pairs)
             leaf = np.asarray(cols.pop(0), np.uint32)
-            thread, stack = self.leaves.pairs(leaf)
         else:
-            leaf, thread, stack = None, np.asarray(cols.pop(0), np.uint64), \
-                np.asarray(cols.pop(0), np.uint64)
+            thread, stack = np.asarray(cols.pop(0), np.uint64), np.asarray(cols.pop(0), np.uint64)
         got_values = iter(np.asarray(c, np.int64) for c in cols)
         return Aggregate(shape, thread, stack,
                          tuple(next(got_values) if value in (None, i) else None for i in range(n)),
