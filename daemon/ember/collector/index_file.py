@@ -1,7 +1,8 @@
 """The query index on disk, beside the store (``STORE.index.npz``).
 
 Building the index from every stored stack takes seconds for a fleet's
-hour (800,000 leaves: about 6 s), and queries wait for it after a start. A collector saves it when it stops (and once built), loads it when it
+hour (800,000 leaves: about 6 s), and queries wait for it after a start.
+A collector saves it when it stops (and once built), loads it when it
 starts, and then adds only the stacks it lacks: the first answer comes in
 seconds.
 
