@@ -115,7 +115,8 @@ class Store:
         db = self._db
         for row in db.execute("SELECT * FROM frames").fetchall():
             it.frames[int(row[0])] = frame_of_row(row)
-        it.stacks.update(int(i) for (i,) in db.execute("SELECT id FROM stacks").fetchall())
+        it.stacks.add_array(np.asarray(db.execute("SELECT id FROM stacks").fetchnumpy()["id"],
+                                       np.uint64))
         for tid, pid, t, name, labels in db.execute("SELECT * FROM threads").fetchall():
             key: ThreadKey = (int(pid), int(t), name,
                               tuple((a, b) for a, b in json.loads(labels)))
