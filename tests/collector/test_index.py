@@ -121,3 +121,15 @@ def test_deep_and_recursive_stacks_are_capped_and_marked_as_folded_output_is() -
     assert any(path[1][0] == TRUNCATED for path in got.values())
     assert any(rec for path in got.values() for _, rec in path)
     check_tree(index)
+
+
+def test_a_pair_asked_for_twice_at_once_is_one_leaf() -> None:
+    store = Store(":memory:")
+    write_fleet(store, random.Random(2), T0)
+    ids = store.stored_leaves()
+    thread, stack = store.leaves.pairs(ids)
+    index = Index(store)
+    twice = index._ensure(np.concatenate([thread, thread]), np.concatenate([stack, stack]))
+    assert (twice[:len(ids)] == twice[len(ids):]).all()
+    assert (index._keys[1:] > index._keys[:-1]).all() and len(index._keys) == len(ids)
+    assert paths(index, store) == expected(store)

@@ -146,7 +146,10 @@ class Index:
         frame under those, and so on. A level is one search of the sorted
         edges, and its missing (parent, name) pairs become nodes at once, so
         the work is array passes over the stacks' frames, with no Python
-        object per node or frame."""
+        object per node or frame. A key asked twice is added once (the
+        sorted keys stay distinct, as index_file checks them)."""
+        keys, once = np.unique(keys, return_index=True)
+        stacks, tnames = stacks[once], [tnames[i] for i in once.tolist()]
         with contextlib.closing(self.store.cursor()) as cur:
             sids, bounds, frames = stack_frames(cur, np.unique(stacks))
         names, starts, recursive = self._paths(bounds, frames)
@@ -170,11 +173,9 @@ class Index:
         self.parent, self.name, self.depth, self.recursive = made.nodes(
             self.parent, self.name, self.depth, self.recursive)
         self._edges = made.edges(self._edges)
-        order = np.argsort(keys)
-        added = keys[order]
-        at = np.searchsorted(self._keys, added)
-        self._keys = np.insert(self._keys, at, added)
-        self._leaves = np.insert(self._leaves, at, node[order])
+        at = np.searchsorted(self._keys, keys)   # (keys: sorted, by np.unique)
+        self._keys = np.insert(self._keys, at, keys)
+        self._leaves = np.insert(self._leaves, at, node)
 
     def _paths(self, bounds: npt.NDArray[np.int64], frames: npt.NDArray[np.uint64]
                ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.bool_]]:
