@@ -15,6 +15,7 @@ import pytest
 from ember.collector import decode
 from ember.collector.intern import Interner, Rows
 from ember.collector.validate import DEFAULT_LIMITS, InvalidRequest, Limits, check_profile
+from ember.proto import pprof_tables_pb2 as pt
 from ember.proto import profile_pb2 as pb
 
 SERIES = [("__name__", "process_cpu")]
@@ -94,6 +95,96 @@ def test_tables_read_in_bulk_are_the_messages(seed: int) -> None:
     t = decode.read(p)
     assert t is not None
     assert in_bulk(t) == one_by_one(p)
+
+
+def with_samples(raw_samples: list[bytes]) -> tuple[pb.Profile, bytes]:
+    """``varied``'s profile with these sample messages, as bytes, as parsed."""
+    p = varied(random.Random(4))
+    del p.sample[:]
+    raw = p.SerializeToString() + pt.ProfileTables(sample=raw_samples).SerializeToString()
+    return pb.Profile.FromString(raw), raw
+
+
+PLAIN = pb.Sample(location_id=[3, 1, 60], value=[5, 1 << 62],
+                  label=[pb.Label(key=7, num=1), pb.Label(key=9, str=11)]).SerializeToString()
+LABEL = pb.Label(key=8, num=300).SerializeToString()
+#: samples laid out as pprof allows, each among plain ones: (bytes, read in bulk)
+LAYOUTS = {
+    "plain": (PLAIN, True),
+    "no labels": (b"\x0a\x02\x01\x02\x12\x02\x01\x02", True),
+    "no locations": (b"\x12\x02\x01\x02\x1a" + bytes([len(LABEL)]) + LABEL, True),
+    "empty": (b"", True),
+    "empty packed field": (b"\x0a\x00\x12\x02\x01\x02", True),
+    "negative value": (b"\x0a\x01\x02\x12\x0b\x01" + b"\xff" * 9 + b"\x01", True),
+    "unpacked ids": (b"\x08\x01\x08\x02\x12\x02\x01\x02", False),
+    "values first": (b"\x12\x02\x01\x02\x0a\x02\x01\x02", False),
+    "label first": (b"\x1a" + bytes([len(LABEL)]) + LABEL + b"\x0a\x01\x01\x12\x02\x01\x02",
+                    False),
+    "ids in two runs": (b"\x0a\x01\x01\x0a\x01\x02\x12\x02\x01\x02", False),
+}
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_samples_in_any_layout_are_read_as_the_messages_say_or_left_to_them(
+        layout: str) -> None:
+    odd, bulk = LAYOUTS[layout]
+    for at in (0, 1, 3):  # first, between and last
+        samples = [PLAIN, PLAIN]
+        samples.insert(at, odd)
+        p, raw = with_samples(samples)
+        t = decode.read(p, raw)
+        assert (t is not None) == bulk
+        if t is not None:
+            assert in_bulk(t) == one_by_one(p)
+            assert in_bulk(decode.read(p)) == one_by_one(p)  # type: ignore[arg-type]
+
+
+def test_damaged_samples_are_never_misread() -> None:
+    """Any byte of the samples changed: the tables read in bulk are the
+    messages' own, or there are none (never other numbers)."""
+    rng = random.Random(7)
+    read = 0
+    for _ in range(400):
+        samples = [bytearray(PLAIN) for _ in range(3)]
+        hit = rng.choice(samples)
+        hit[rng.randrange(len(hit))] = rng.randrange(256)
+        try:
+            p, raw = with_samples([bytes(x) for x in samples])
+        except Exception:  # (the runtime refuses it: nothing to read)
+            continue
+        t = decode.read(p, raw)
+        if t is not None:
+            read += 1
+            assert in_bulk(t) == one_by_one(p)
+    assert read > 50
+
+
+def test_samples_the_runtime_refuses_are_not_read() -> None:
+    """Sample bytes as they could arrive without the runtime's parse first:
+    what it refuses, ``samples`` refuses; what it reads, ``samples`` reads
+    alike or leaves to it."""
+    rng = random.Random(8)
+    refused = 0
+    for _ in range(1500):
+        messages = [bytearray(PLAIN) for _ in range(3)]
+        for _ in range(rng.randint(1, 2)):
+            hit = rng.choice(messages)
+            hit[rng.randrange(len(hit))] = rng.choice([0x01, 0x0A, 0x12, 0x1A, 0x80, 0xFF,
+                                                        rng.randrange(256)])
+        raw = [bytes(m) for m in messages]
+        got = decode.samples(raw)
+        try:
+            parsed = [pb.Sample.FromString(m) for m in raw]
+        except Exception:
+            refused += 1
+            assert got is None, raw
+            continue
+        if got is not None:
+            assert got.locations.tolist() == [i for x in parsed for i in x.location_id]
+            assert got.values.tolist() == [v for x in parsed for v in x.value]
+            assert [list(got.label_sets[i].label) for i in got.label_set.tolist()] == \
+                [list(x.label) for x in parsed]
+    assert refused > 100
 
 
 def test_what_the_bulk_reader_does_not_know_goes_message_by_message() -> None:

@@ -5,15 +5,20 @@ and label. A 1,000-stack profile holds about 5,000 locations and as many
 functions, and reading them one object at a time took most of a write:
 12 ms for the locations alone, against 1.2 ms to serialize them.
 
-So each table is serialized message by message and decoded at once. A
-Location (with its Lines) or a Function is nothing but (tag, varint) pairs,
-nested lines included: neither has a string, bytes or fixed-width field.
-The concatenation of all of them is therefore one run of varints, tags at
-even positions and values at odd ones, which numpy splits in one pass.
-A sample gives its location ids and values through the runtime (two
-containers per sample) and its labels as the serialized bytes after them,
-so the distinct label sets of a profile (a handful: one per thread) are
-parsed once each.
+So the profile is parsed a second time as ``ProfileTables``
+(proto/pprof_tables.proto), where each sample, location and function is
+the bytes of its message, and each table is decoded at once:
+
+- A Location (with its Lines) or a Function is nothing but (tag, varint)
+  pairs, nested lines included: neither has a string, bytes or
+  fixed-width field. The concatenation of all of them is therefore one
+  run of varints, tags at even positions and values at odd ones, which
+  numpy splits in one pass.
+- A Sample is its packed location ids, its packed values, then its
+  labels, and a Label is varints too: all the samples are one run of
+  varints, in which each sample's two packed fields are found by their
+  byte lengths. The labels are the bytes after them, so the distinct label
+  sets of a profile (a handful: one per thread) are parsed once each.
 
 Anything unexpected (a field this module does not know, an order the
 runtime does not write, a varint past 10 bytes) makes ``read`` return
@@ -25,11 +30,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import chain
 
 import numpy as np
 import numpy.typing as npt
 
+from ..proto import pprof_tables_pb2 as pt
 from ..proto import profile_pb2 as pb
 
 U64 = npt.NDArray[np.uint64]
@@ -51,8 +56,6 @@ def _known(*tags: int) -> npt.NDArray[np.bool_]:
 _LOC_TAGS = _known(LOC_ID, LOC_MAPPING, LOC_ADDRESS, LOC_LINE, LOC_FOLDED)
 _LINE_TAGS = _known(LINE_FUNCTION, LINE_LINE, LINE_COLUMN)
 _FN_TAGS = _known(FN_ID, FN_NAME, FN_SYSTEM, FN_FILE, FN_START)
-# varint sizes: a value needs one byte more at each of these
-_VARINT_STEPS = np.array([1 << (7 * k) for k in range(1, 10)], np.uint64)
 
 
 def varints(buf: bytes) -> tuple[U64, I64] | None:
@@ -79,17 +82,6 @@ def varints(buf: bytes) -> tuple[U64, I64] | None:
 def known(tags: U64, table: npt.NDArray[np.bool_]) -> bool:
     """Whether every tag is one ``table`` marks (all are one byte)."""
     return bool(len(tags) == 0 or (tags.max() < 256 and table[tags.astype(np.intp)].all()))
-
-
-def varint_size(v: U64) -> I64:
-    """Bytes each value takes as a varint."""
-    out = np.ones(len(v), np.int64)
-    top = int(v.max(initial=0))
-    for step in _VARINT_STEPS.tolist():
-        if step > top:
-            break
-        out += v >= step
-    return out
 
 
 @dataclass(frozen=True)
@@ -148,8 +140,8 @@ class Locations:
         return int(self.lines.max(initial=0))
 
 
-def locations(p: pb.Profile) -> Locations | None:
-    d = pairs([loc.SerializeToString() for loc in p.location])
+def locations(messages: Sequence[bytes]) -> Locations | None:
+    d = pairs(messages)
     if d is None:
         return None
     is_line = d.tags == LOC_LINE
@@ -187,8 +179,8 @@ class Functions:
     filename: U64
 
 
-def functions(p: pb.Profile) -> Functions | None:
-    d = pairs([f.SerializeToString() for f in p.function])
+def functions(messages: Sequence[bytes]) -> Functions | None:
+    d = pairs(messages)
     if d is None or not known(d.tags, _FN_TAGS):
         return None
     return Functions(*(d.field(d.tags == t) for t in (FN_ID, FN_NAME, FN_SYSTEM, FN_FILE)))
@@ -204,28 +196,54 @@ class Samples:
     label_sets: list[pb.Sample]  # the distinct label lists (as samples without stacks)
 
 
-def samples(p: pb.Profile) -> Samples | None:
-    xs = p.sample
-    lids = [tuple(x.location_id) for x in xs]
-    values = [tuple(x.value) for x in xs]
-    flat = np.fromiter(chain.from_iterable(lids), np.uint64)
-    depth = np.fromiter(map(len, lids), np.int64, len(lids))
-    vflat = np.fromiter(chain.from_iterable(values), np.int64)
-    nvals = np.fromiter(map(len, values), np.int64, len(values))
-    # serialized, a sample is its packed location ids, its packed values,
-    # then its labels: the bytes after the first two are the labels
-    cum = np.concatenate(([0], np.cumsum(varint_size(flat))))
-    ends = np.cumsum(depth)
-    lbytes = cum[ends] - cum[ends - depth]
-    cum = np.concatenate(([0], np.cumsum(varint_size(vflat.view(np.uint64)))))
-    ends = np.cumsum(nvals)
-    vbytes = cum[ends] - cum[ends - nvals]
-    head = (np.where(depth > 0, 1 + varint_size(lbytes.astype(np.uint64)) + lbytes, 0)
-            + np.where(nvals > 0, 1 + varint_size(vbytes.astype(np.uint64)) + vbytes, 0))
+def samples(messages: Sequence[bytes]) -> Samples | None:
+    buf = b"".join(messages)
+    decoded = varints(buf)
+    if decoded is None:
+        return None
+    values, starts = decoded
+    n = len(starts)
+    lens = np.fromiter(map(len, messages), np.int64, len(messages))
+    end = np.cumsum(lens)
+    begin = end - lens
+    # (one past the last varint: where an absent field would start)
+    at_byte = np.append(starts, len(buf))
+    after = np.append(starts[1:], len(buf))   # the byte after each varint
+    first = np.searchsorted(starts, begin)
+    if not np.array_equal(at_byte[first], begin):
+        return None  # a varint runs into the next sample
+
+    def packed(at: I64, tag: int) -> tuple[I64, I64] | None:
+        """Where each sample's packed field ``tag`` is at varint ``at`` (its
+        values' first and end varints; both ``at`` where it is absent)."""
+        here = np.minimum(at, n - 1) if n else at
+        has = (at_byte[at] < end) & (values[here] == tag) if n else np.zeros(len(at), bool)
+        if not has.any():
+            return at, at
+        k = np.minimum(at + 1, n - 1)
+        room = end - after[k]
+        if not ((at + 1 < n) & (room >= 0) & (values[k] <= np.maximum(room, 0).astype(np.uint64))
+                | ~has).all():
+            return None  # no length, or one past the sample's end
+        content_end = after[k] + np.where(has, values[k], 0).astype(np.int64)
+        stop = np.searchsorted(starts, content_end)
+        if not np.array_equal(at_byte[stop][has], content_end[has]):
+            return None
+        return np.where(has, k + 1, at), np.where(has, stop, at)
+
+    got = packed(first, SAMPLE_LOCATIONS)
+    if got is None:
+        return None
+    loc_first, loc_stop = got
+    got = packed(loc_stop, SAMPLE_VALUES)
+    if got is None:
+        return None
+    val_first, val_stop = got
+    depth, width = loc_stop - loc_first, val_stop - val_first
     index: dict[bytes, int] = {}
     which = []
-    for x, cut in zip(xs, head.tolist(), strict=True):
-        tail = x.SerializeToString()[cut:]
+    for a, b in zip(at_byte[val_stop].tolist(), end.tolist(), strict=True):
+        tail = buf[a:b]
         i = index.get(tail)
         if i is None:
             if tail and tail[0] != SAMPLE_LABEL:
@@ -236,12 +254,20 @@ def samples(p: pb.Profile) -> Samples | None:
     for tail in index:
         try:
             s = pb.Sample.FromString(tail)
-        except Exception:  # a cut in the wrong place: not the layout expected
+        except Exception:  # not labels after all: not the layout expected
             return None
         if s.location_id or s.value:
             return None
         sets.append(s)
-    return Samples(flat, depth, vflat, nvals, np.array(which, np.int64), sets)
+    return Samples(values[_ranges(loc_first, depth)], depth,
+                   values[_ranges(val_first, width)].view(np.int64), width,
+                   np.array(which, np.int64), sets)
+
+
+def _ranges(first: I64, count: I64) -> I64:
+    """The indices first[i], ..., first[i] + count[i] - 1, for each i in turn."""
+    total = int(count.sum())
+    return np.repeat(first - (np.cumsum(count) - count), count) + np.arange(total)
 
 
 @dataclass(frozen=True)
@@ -254,12 +280,14 @@ class Tables:
     samples: Samples
 
 
-def read(p: pb.Profile) -> Tables | None:
+def read(p: pb.Profile, raw: bytes | None = None) -> Tables | None:
     """``p``'s tables, or None when they are not laid out as expected (then
-    read it message by message)."""
-    loc = locations(p)
-    fn = functions(p) if loc is not None else None
-    smp = samples(p) if fn is not None else None
+    read it message by message). ``raw``: the bytes ``p`` was parsed from
+    (it is serialized again if not given)."""
+    t = pt.ProfileTables.FromString(p.SerializeToString() if raw is None else raw)
+    loc = locations(t.location)
+    fn = functions(t.function) if loc is not None else None
+    smp = samples(t.sample) if fn is not None else None
     if loc is None or fn is None or smp is None:
         return None
     return Tables(p, loc, fn, smp)

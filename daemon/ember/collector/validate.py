@@ -368,7 +368,7 @@ def read_profile(data: bytes, limits: Limits = DEFAULT_LIMITS, n_exec_info: int 
     _at_most(len(p.location), limits.max_locations, "locations")  # before reading them
     _at_most(len(p.function), limits.max_functions, "functions")
     _at_most(len(p.sample), limits.max_samples, "samples")
-    tables = decode.read(p)
+    tables = decode.read(p, None if repaired else raw)
     total, deep = check_profile(p, n_exec_info, limits, tables)
     capped = deep and cap_stacks(p)
     if repairs is not None and repaired:
