@@ -77,3 +77,27 @@ def test_a_failed_transaction_fails_each_write_and_stores_none(
     assert all(isinstance(e, StorageError) for e in errors), errors
     assert store.count() == 0
     assert store.write(writes[0]) == (2, 0)  # the retry
+
+
+def test_a_batch_with_profiles_stored_before_stores_the_others_once(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ids already stored are found by the insert (then looked up and the
+    batch written again without them): each write says what it stored,
+    and every sample row is there once."""
+    store = Store(":memory:")
+    old = profiles(3, "old")
+    assert store.write(old) == (3, 0)
+    rows_before = store._db.execute("SELECT COUNT(*) FROM samples").fetchone()
+    commits = []
+    real = store._commit
+    monkeypatch.setattr(store, "_commit", lambda *a: (commits.append(1), real(*a))[1])
+    writes = [profiles(2, "new-a") + old[:1], old[1:], profiles(1, "new-b")]
+    answers, errors = queued_writes(store, writes)
+    assert errors == [None] * 3
+    assert answers == [(2, 1), (0, 2), (1, 0)]
+    assert len(commits) == 2   # the first found the stored ids, the second wrote
+    assert store.count() == 6
+    per_profile = rows_before[0] // 3 if rows_before else 0
+    assert store._db.execute("SELECT COUNT(*) FROM samples").fetchone() == (6 * per_profile,)
+    assert store.write(profiles(2, "new-a")) == (0, 2)
+

@@ -5,18 +5,19 @@ starts from)."""
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
 
-from ..encode.pprof import encode_pprof
+from ..encode.pprof import encode_pprof, profile_shape
 from ..model import Profile, ProfileType, Sample
 from ..proto import profile_pb2 as pb
-from .intern import MAX_VALUES
+from .intern import MAX_VALUES, Interner, Rows
 from .matchers import Matchers
-from .tables import shape_of
+from .tables import shape_json, shape_of
 
 if TYPE_CHECKING:
     from .decode import Tables
@@ -34,6 +35,46 @@ class StoredProfile:
     data: bytes           # gzip pprof, as received (its size counts)
     proto: pb.Profile | None = field(default=None, compare=False, repr=False)
     tables: Tables | None = field(default=None, compare=False, repr=False)  # proto's, read
+
+
+class Write:
+    """A request's profiles waiting to be written (``made``: each one's
+    shape and rows, made by a worker), and then its outcome."""
+
+    def __init__(self, profiles: Sequence[StoredProfile], made: Sequence[tuple[str, Rows]]):
+        self.profiles, self.made = profiles, made
+        self.done = False
+        self.result = (0, 0)
+        self.error: BaseException | None = None
+
+
+def rows_of(interner: Interner, batch: list[Write], have: set[str]
+            ) -> tuple[Rows, list[tuple[StoredProfile, str]]]:
+    """The rows of the batch's profiles not in ``have``, each profile once,
+    and their metadata; each write's ``result`` says how many of its own
+    were (stored, already there)."""
+    from .validate import DEFAULT_LIMITS, decompress, parse  # rows without their proto
+    rows = Rows()
+    meta: list[tuple[StoredProfile, str]] = []
+    seen: set[str] = set()
+    for w in batch:
+        before = len(meta)
+        for i, sp in enumerate(w.profiles):
+            if sp.profile_id in have or sp.profile_id in seen:
+                continue
+            seen.add(sp.profile_id)
+            if w.made and interner.adopt(rows, w.made[i][1]):
+                meta.append((sp, w.made[i][0]))
+                continue
+            p = sp.proto
+            if p is None:
+                p, _ = parse(decompress(sp.data, DEFAULT_LIMITS.max_profile_size)[0],
+                             DEFAULT_LIMITS)
+            interner.add(rows, p, sp.series_labels, sp.type, sp.time_ns,
+                         sp.time_ns + sp.duration_ns, sp.tables)
+            meta.append((sp, shape_json(profile_shape(p))))
+        w.result = (len(meta) - before, len(w.profiles) - (len(meta) - before))
+    return rows, meta
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ types and period) as JSON.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -205,7 +206,9 @@ def _append(db: duckdb.DuckDBPyConnection, table: str, cols: dict[str, Any]) -> 
         names = ", ".join(cols)
         db.execute(f"INSERT INTO {table} ({names}) SELECT {names} FROM _incoming")
     finally:
-        db.unregister("_incoming")
+        # (refused in a transaction the insert aborted: the next register replaces it)
+        with contextlib.suppress(duckdb.Error):
+            db.unregister("_incoming")
 
 
 def stack_frames(cur: duckdb.DuckDBPyConnection, ids: npt.NDArray[np.uint64]) -> tuple[
