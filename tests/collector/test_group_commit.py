@@ -7,6 +7,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -101,3 +102,15 @@ def test_a_batch_with_profiles_stored_before_stores_the_others_once(
     assert store._db.execute("SELECT COUNT(*) FROM samples").fetchone() == (6 * per_profile,)
     assert store.write(profiles(2, "new-a")) == (0, 2)
 
+
+def test_the_size_between_measures_is_never_below_the_store_s(tmp_path: Path) -> None:
+    """size_bytes measures at most once a second (every write asks); in
+    between it adds the most each write can have added, so a write over
+    the size limit is still seen as one."""
+    store = Store(tmp_path / "s.duckdb")
+    for i in range(30):
+        store.write(profiles(5, f"w{i}"))
+        estimate = store.size_bytes()
+        with store._lock:
+            assert estimate >= store._size(), i
+    assert store._grown > 0   # (the estimate was used, not a measure each time)

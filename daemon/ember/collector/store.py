@@ -61,6 +61,9 @@ __all__ = ["Aggregate", "Row", "Store", "StoredProfile"]
 
 log = logging.getLogger(__name__)
 
+#: How long a measured store size stands (size_bytes)
+SIZE_FRESH_S = 1.0
+
 
 class Store:
     def __init__(self, path: str | Path, memory_limit: str = "128MB"):
@@ -72,6 +75,7 @@ class Store:
         # keeps the generation of the write that stored it (``written``)
         self.generation = 0
         self._deleted = 0       # the generation of the last deletion
+        self._sized, self._grown = (-SIZE_FRESH_S, 0), 0    # size_bytes: (when, bytes)
         self.interner = Interner()
         self._series_labels: dict[int, dict[str, str]] = {}
         self._shapes: dict[int, list[tuple[str, ProfileType]]] = {}   # type id -> shapes
@@ -187,7 +191,8 @@ class Store:
     def _commit(self, rows: Rows, meta: list[tuple[StoredProfile, str]], now: int) -> bool:
         """Write the rows of a request in one transaction (under the lock).
         False, writing nothing, if one of its profiles is stored already."""
-        check_disk(self.path, sum(len(sp.data) for sp, _ in meta) * 4 + len(rows) * 64)
+        incoming = sum(len(sp.data) for sp, _ in meta) * 4 + len(rows) * 64
+        check_disk(self.path, incoming)
         cols = rows.columns()
         cols["leaf"], pending = self.leaves.ids(np.asarray(cols["tname"], np.uint64),
                                                 np.asarray(cols["stack"], np.uint64))
@@ -214,6 +219,7 @@ class Store:
             self._note_type(sp.type, type_id(sp.type), shape)
         if meta:
             self.generation += 1
+        self._grown += incoming
         return True
 
     def append(self, rows: Rows, meta: list[tuple[StoredProfile, str]]) -> None:
@@ -405,12 +411,20 @@ class Store:
             return int(one(self._db.execute("SELECT COUNT(*) FROM profiles")))
 
     def size_bytes(self) -> int:
-        """The database's blocks in use and its write-ahead log, in bytes."""
+        """The database's blocks in use and its write-ahead log, in bytes,
+        measured at most every ``SIZE_FRESH_S`` (each write asks, and the
+        measure waits for the lock), and in between the most the writes
+        since can have added."""
+        at, size = self._sized
+        if time.monotonic() - at < SIZE_FRESH_S:
+            return size + self._grown
         try:
             with self._lock:
-                return self._size()
+                size = self._size()
+                self._sized, self._grown = (time.monotonic(), size), 0
         except duckdb.Error:
             return 0
+        return size
 
     # --- retention ---
     def enforce_retention(self, max_age_s: float, max_bytes: int) -> tuple[int, int]:
@@ -441,6 +455,7 @@ class Store:
             self._db.execute("CHECKPOINT")
             self.generation += 1
             self._deleted = self.generation
+            self._sized = (-SIZE_FRESH_S, 0)   # measured again at the next ask
         return n
 
     def _make_room(self, max_bytes: int, incoming: int) -> int:
