@@ -8,9 +8,11 @@ import random
 from pathlib import Path
 
 import duckdb
+import numpy as np
 import pytest
 
-from ember.collector import tables
+from ember.collector import leaves, tables
+from ember.collector import store as store_module
 from ember.collector.api import Api
 from ember.collector.matchers import selector
 from ember.collector.store import Store
@@ -204,3 +206,57 @@ def test_a_store_of_an_unknown_schema_is_refused_by_name(tmp_path: Path) -> None
     db.close()
     with pytest.raises(StorageError, match="a store of schema 9, not 4"):
         Store(path)
+
+
+def test_sums_from_the_rows_are_the_store_s_own_to_the_last_unit() -> None:
+    rng = np.random.default_rng(3)
+    n = 50_000
+    leaf = rng.integers(0, 700, n).astype(np.uint32)
+    leaf[leaf == 5] = 6                              # a leaf without rows
+    small = rng.integers(0, 10, n).astype(np.int64)  # zero-valued rows too
+    big = rng.integers(0, 1 << 62, n).astype(np.int64)
+    big[leaf == 9] = (1 << 63) - 1                   # sums past 2^63: capped
+    mid = rng.integers(1 << 31, 1 << 40, n).astype(np.int64)
+    ids, (s_small, s_big, s_mid) = leaves.sum_by_leaf(leaf, [small, big, mid])
+    exact: dict[int, list[int]] = {}
+    for i, a, b, c in zip(leaf.tolist(), small.tolist(), big.tolist(), mid.tolist(),
+                          strict=True):
+        got = exact.setdefault(i, [0, 0, 0])
+        got[0] += a
+        got[1] += b
+        got[2] += c
+    assert ids.tolist() == sorted(exact)
+    assert 5 not in exact
+    assert s_small.tolist() == [exact[i][0] for i in sorted(exact)]
+    assert s_big.tolist() == [min(exact[i][1], INT64_MAX) for i in sorted(exact)]
+    assert s_mid.tolist() == [exact[i][2] for i in sorted(exact)]
+    # one leaf's sum past 2^53 from values below 2^42: float64 at once would round
+    heavy = (rng.integers(0, 1 << 20, 8192) * 2 + 1 + (1 << 41)).astype(np.int64)
+    ids, (s_heavy,) = leaves.sum_by_leaf(np.zeros(8192, np.uint32), [heavy])
+    assert s_heavy.tolist() == [sum(heavy.tolist())] and s_heavy[0] > 1 << 53
+    with pytest.raises(ValueError):
+        leaves.sum_by_leaf(np.zeros(leaves.RAW_ROWS + 1, np.uint32), [])
+
+
+def test_a_few_series_merged_from_their_rows_answer_as_the_grouped_merge(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """One process of eight: summed from its rows (leaves.raw_sums), and the
+    same with DuckDB's GROUP BY: every view alike."""
+    store = Store(":memory:")
+    rng = random.Random(11)
+    for i in range(4):
+        write_fleet(store, rng, T0 + i * S, pids=(10, 11, 12, 13, 14, 15, 16, 17))
+    one_host = {**ALL, "match": ["host=h1", "pid=13"]}
+    calls = []
+    real = leaves.raw_sums
+    monkeypatch.setattr(store_module, "raw_sums", lambda *a: calls.append(1) or real(*a))
+    fast = [Api(store).handle(path, {**one_host, **extra})[:2]
+            for path, extra in (("/api/v1/tree", {"max_nodes": ["20000"]}),
+                                ("/api/v1/top", {"limit": ["1000"]}))]
+    assert calls, "the rows were not summed here"
+    monkeypatch.setattr(store_module, "raw_sums", lambda *a: None)
+    grouped = [Api(store).handle(path, {**one_host, **extra})[:2]
+               for path, extra in (("/api/v1/tree", {"max_nodes": ["20000"]}),
+                                   ("/api/v1/top", {"limit": ["1000"]}))]
+    assert fast == grouped
+    assert all(code == 200 and len(body) > 200 for code, body in fast)

@@ -140,3 +140,48 @@ def upgrade(db: duckdb.DuckDBPyConnection) -> None:
     except BaseException:
         db.execute("ROLLBACK")
         raise
+
+
+#: A merge of at most this many rows (for a few of the series) is summed here
+#: from the rows themselves: DuckDB's grouping of one host's hour (1.25M
+#: rows into 527,000 leaves) took 92-143 ms, the rows 35 ms and their sums 12.
+RAW_ROWS = 1 << 21
+_INT64_MAX = (1 << 63) - 1
+
+
+def sum_by_leaf(leaf: npt.NDArray[np.uint32], values: list[npt.NDArray[np.int64]]
+                ) -> tuple[npt.NDArray[np.uint32], list[npt.NDArray[np.int64]]]:
+    """The leaves of at most ``RAW_ROWS`` rows, ascending, and each values
+    column summed per leaf, exactly (capped at 2^63 - 1, as the store's own
+    sums are; values are never negative). A column whose total is below
+    2^53 is summed in float64 at once (every partial sum is exact); any
+    other in its 32-bit halves, each exact up to 2^53 (2^21 rows of 2^32)."""
+    if len(leaf) > RAW_ROWS:
+        raise ValueError(f"{len(leaf)} rows, at most {RAW_ROWS} summed here")
+    idx = leaf.astype(np.intp)
+    present = np.flatnonzero(np.bincount(idx))
+    sums = []
+    for v in values:
+        if not len(v) or (int(v.max()) < 1 << 42 and int(v.sum()) < 1 << 53):
+            sums.append(np.bincount(idx, weights=v)[present].astype(np.int64))
+            continue
+        lo = np.bincount(idx, weights=v & 0xFFFFFFFF)[present].astype(np.uint64)
+        hi = np.bincount(idx, weights=v >> 32)[present].astype(np.uint64)
+        total = np.minimum((np.minimum(hi, 1 << 31) << np.uint64(32)) + lo,
+                           np.uint64(_INT64_MAX))
+        sums.append(total.astype(np.int64))
+    return present.astype(np.uint32), sums
+
+
+def raw_sums(cur: duckdb.DuckDBPyConnection, where: str, args: list[object],
+             columns: list[str]) -> dict[str, npt.NDArray[np.generic]] | None:
+    """``SELECT leaf, sum(c)... FROM samples WHERE where GROUP BY leaf`` for
+    a few of the series: summed by ``sum_by_leaf`` from the rows, or None
+    (nothing read past ``RAW_ROWS`` + 1 rows) when there are more."""
+    got = cur.execute(f"SELECT leaf, {', '.join(columns)} FROM samples WHERE {where} "
+                      f"LIMIT {RAW_ROWS + 1}", args).fetchnumpy()
+    leaf = np.asarray(got.pop("leaf"), np.uint32)
+    if len(leaf) > RAW_ROWS:
+        return None
+    ids, sums = sum_by_leaf(leaf, [np.asarray(c, np.int64) for c in got.values()])
+    return {"leaf": ids, **dict(zip(got, sums, strict=True))}

@@ -42,7 +42,7 @@ from ..errors import StorageError
 from ..httpserve import check_cancelled, on_cancel
 from ..model import ProfileType
 from .intern import Interner, Rows, ThreadKey, thread_name_id, type_id
-from .leaves import PERFECT_BITS, Leaves
+from .leaves import PERFECT_BITS, Leaves, raw_sums
 from .matchers import Matchers, selector
 from .rows import Aggregate, Row, StoredProfile, Write, as_sent, rows_of
 from .tables import (
@@ -301,7 +301,8 @@ class Store:
         before it: what a range gained or lost since a tree of another
         range and generation (collector/window.py)."""
         shapes = self.shapes(type_)
-        where = self._where(start_ns, end_ns, self.series_matching(matchers), type_)
+        matched = self.series_matching(matchers)
+        where = self._where(start_ns, end_ns, matched, type_)
         if where is None or not shapes:
             return None
         clause, args = where
@@ -342,8 +343,12 @@ class Store:
                 args = [*args, ended_before]
             who = "leaf" if by_name else "thread, stack"
             with on_cancel(cur.interrupt):   # the client left: stop the merge
-                got = cur.execute(f"SELECT {who}, {sums} FROM samples WHERE {clause} "
-                                  f"GROUP BY {who}", args).fetchnumpy()
+                got = raw_sums(cur, clause, args, [f"v{i}" for i in range(n) if value in (
+                    None, i)]) if by_name and len(matched) * 4 <= len(self._series_labels) \
+                    else None
+                if got is None:
+                    got = cur.execute(f"SELECT {who}, {sums} FROM samples WHERE {clause} "
+                                      f"GROUP BY {who}", args).fetchnumpy()
         except duckdb.Error as exc:
             check_cancelled()
             raise StorageError(f"query failed: {exc}") from None
