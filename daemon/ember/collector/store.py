@@ -330,8 +330,9 @@ class Store:
                 clause += (" AND (time_ns, series) IN (SELECT (time_ns, series) FROM profiles "
                            "WHERE type_id = ? AND shape = ?)")
                 args = [*args, args[2], shape_json(shape)]
-            sums = ", ".join(f"least(greatest(sum(v{i}), {-(1 << 63)}), {(1 << 63) - 1})::BIGINT"
-                             for i in range(n) if value in (None, i))
+            summed = [f"v{i}" for i in range(n) if value in (None, i)]
+            sums = ", ".join(f"least(greatest(sum({c}), {-(1 << 63)}), {(1 << 63) - 1})::BIGINT"
+                             for c in summed)
             if upto is not None:
                 clause += " AND written <= ?"
                 args = [*args, upto]
@@ -343,9 +344,8 @@ class Store:
                 args = [*args, ended_before]
             who = "leaf" if by_name else "thread, stack"
             with on_cancel(cur.interrupt):   # the client left: stop the merge
-                got = raw_sums(cur, clause, args, [f"v{i}" for i in range(n) if value in (
-                    None, i)]) if by_name and len(matched) * 4 <= len(self._series_labels) \
-                    else None
+                few = by_name and len(matched) * 4 <= len(self._series_labels)
+                got = raw_sums(cur, clause, args, summed) if few else None
                 if got is None:
                     got = cur.execute(f"SELECT {who}, {sums} FROM samples WHERE {clause} "
                                       f"GROUP BY {who}", args).fetchnumpy()
