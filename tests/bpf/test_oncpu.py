@@ -110,8 +110,11 @@ def test_node_jit_frames_named_through_perf_map(tmp_path: Path) -> None:
     script.write_text(
         "function hotLoop(n) { let x = 0; for (let i = 0; i < n; i++) "
         "{ x = (x * 1103515245 + 12345) & 0x7fffffff; } return x; }\n"
-        "let s = 0; const end = Date.now() + 15000; console.log('ready ' + process.pid);\n"
+        "let s = 0; const end = Date.now() + 300000; console.log('ready ' + process.pid);\n"
         "while (Date.now() < end) { s += hotLoop(100000); }\n")
+    # it spins until killed (300 s at most): on a busy machine the recording
+    # may start many seconds after "ready" (its programs compile first), and
+    # a loop of 15 s had ended by then once in CI (no samples at all)
     # no inlining: hotLoop stays a function of its own in the perf map (V8
     # inlines it into the script's top level on some runs otherwise)
     node = subprocess.Popen(["node", "--perf-basic-prof", "--no-turbo-inlining", str(script)],
@@ -137,9 +140,14 @@ def test_node_jit_frames_named_through_perf_map(tmp_path: Path) -> None:
 
 
 def test_short_lived_process_storm(fixture_bin) -> None:  # type: ignore[no-untyped-def]
-    """Hundreds of processes that live 30 ms each, exited long before the
-    drain: the kernel notes each new process on a ring buffer and ember
-    reads its maps at once, so its frames are named.
+    """Hundreds of processes that work 30 ms each and exit 100 ms later,
+    long before the drain: the kernel notes each new process on a ring
+    buffer and ember reads its maps at once, so its frames are named.
+
+    The 100 ms after the work are the watcher's time to be scheduled: on a
+    2-core machine busy with other work a thread can wait tens of
+    milliseconds for a CPU, and with processes that exited as their 30 ms
+    ended, 7% of the samples of a CI run under load were left unnamed.
 
     What is measured is naming itself: the leaf of each user stack has a
     name. Maps read too late leave ``[unknown]`` leaves (no mapping). The
@@ -157,8 +165,8 @@ def test_short_lived_process_storm(fixture_bin) -> None:  # type: ignore[no-unty
     try:
         running: list[subprocess.Popen[bytes]] = []
         for _ in range(300):
-            running.append(subprocess.Popen([str(fixture_bin / "short_lived"), "30"]))
-            if len(running) >= 2:
+            running.append(subprocess.Popen([str(fixture_bin / "short_lived"), "30", "100"]))
+            if len(running) >= 4:   # (four alive at a time, most of them asleep)
                 running.pop(0).wait()
         for p in running:
             p.wait()
