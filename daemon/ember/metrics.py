@@ -91,8 +91,8 @@ class AgentMetrics:
         self.samples = Counter("ember_samples_total",
                                "Events drained from the kernel: on-CPU samples, off-CPU blocks",
                                ["type"], registry=r)
-        self.offcpu_seconds = Counter("ember_offcpu_seconds_total",
-                                      "Off-CPU time collected", registry=r)
+        self.offcpu_seconds = Counter("ember_offcpu_seconds_total", "Off-CPU time collected",
+                                      registry=r)
         self.offcpu_in_flight_seconds = Counter(
             "ember_offcpu_in_flight_seconds_total",
             "Off-CPU time of blocks still in progress, charged to the interval it passed "
@@ -100,11 +100,9 @@ class AgentMetrics:
         self.blocked_threads = Gauge(
             "ember_offcpu_blocked_threads",
             "Threads of the targets blocked at the last drain since before its previous one "
-            "(sampled off-CPU), or at all (exact off-CPU)",
-            registry=r)
-        self.longest_block = Gauge(
-            "ember_offcpu_longest_block_seconds",
-            "How long the longest-blocked of those threads has been blocked", registry=r)
+            "(sampled off-CPU), or at all (exact off-CPU)", registry=r)
+        self.longest_block = Gauge("ember_offcpu_longest_block_seconds", "How long the "
+                                   "longest-blocked of those threads has been blocked", registry=r)
         self.stacks_lost = Counter("ember_stacks_lost_total",
                                    "Stacks that reached a profile only as a marker frame, "
                                    "by reason (evicted: gone from the stack map; truncated: "
@@ -114,13 +112,12 @@ class AgentMetrics:
                                        ["type"], registry=r,
                                        buckets=(.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10))
         self.frames = Counter("ember_symbolizer_frames_total", "Frames symbolized", registry=r)
-        self.unknown_frames = Counter("ember_symbolizer_unknown_frames_total",
-                                      "Frames named only by object+offset or [unknown]",
-                                      registry=r)
+        self.unknown_frames = Counter("ember_symbolizer_unknown_frames_total", "Frames named "
+                                      "only by object+offset or [unknown]", registry=r)
         self.unknown_ratio = Gauge("ember_symbolizer_unknown_frame_ratio",
                                    "Share of unnamed frames in the last drain", registry=r)
-        self.cache_hits = Counter("ember_symbolizer_cache_hits_total",
-                                  "Symbol table cache hits", registry=r)
+        self.cache_hits = Counter("ember_symbolizer_cache_hits_total", "Symbol table cache hits",
+                                  registry=r)
         self.cache_misses = Counter("ember_symbolizer_cache_misses_total",
                                     "Symbol table cache misses (object parsed)", registry=r)
         self.disk_cache = Counter("ember_symbolizer_disk_cache_total",
@@ -449,6 +446,9 @@ class CollectorMetrics:
         self.cache_evictions = Counter("ember_collector_cache_evictions_total", "Entries a query "
                                        "API cache gave up to stay within its bound", ["cache"],
                                        registry=r)
+        self.sealed = Counter("ember_collector_blocks_sealed_total", "Five-minute blocks of "
+                              "a profile type summed into roll-ups (merges of every series read "
+                              "them)", registry=r)
 
 
 def reference() -> str:

@@ -81,15 +81,18 @@ def fleet_profile(rng: random.Random, n: int = 60) -> Profile:
 
 
 def write_fleet(store: Store, rng: random.Random, start_ns: int,
-                pids: tuple[int, ...] = (10, 11, 12)) -> None:
+                pids: tuple[int, ...] = (10, 11, 12), hz: int = 100) -> list[Profile]:
     """One fleet_profile per pid (comm "app", host h0/h1) from ``start_ns``,
-    lasting 1 s, written to ``store`` as the collector writes a request."""
-    series = []
+    lasting 1 s, sampled at ``hz``, written to ``store`` as the collector
+    writes a request; returns the profiles written."""
+    series, sent = [], []
     for pid in pids:
         labels = series_labels(fleet_profile(rng).type, ProcessLabels(pid=pid, comm="app"),
                                {"host": f"h{pid % 2}"})
-        prof = replace(fleet_profile(rng, 30), start_ns=start_ns, duration_ns=10**9,
-                       labels=labels)
+        prof = replace(fleet_profile(rng, 30), type=cpu_type(hz), start_ns=start_ns,
+                       duration_ns=10**9, labels=labels)
         series.append(make_series(prof)[0])
+        sent.append(prof)
     store.write(check_request(ps.WriteRawRequest(series=series), DEFAULT_LIMITS,
                               start_ns + 10**9))
+    return sent

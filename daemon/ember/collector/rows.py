@@ -125,12 +125,13 @@ def as_sent(store: Store, start_ns: int, end_ns: int, matchers: Matchers,
     was sent (rebuilt from its rows: the samples with their frames, threads
     and values; two profiles of one series, type and start time come back
     as one), oldest first."""
+    from .merge import where as where_of  # (merge reads this module's Aggregate)
     series = store.series_matching(matchers)
-    where = store._where(start_ns, end_ns, series, type_)
+    where = where_of(store, start_ns, end_ns, series, type_)
     if where is None:
         return []
     _, args = where
-    extra = " AND series IN (SELECT unnest(?::UBIGINT[]))" if len(args) > (
+    extra = " AND series IN (SELECT unnest(?::UINTEGER[]))" if len(args) > (
         3 if type_ is not None else 2) else ""
     kind = " AND type_id = ?" if type_ is not None else ""
     with contextlib.closing(store.cursor()) as cur:
@@ -138,15 +139,21 @@ def as_sent(store: Store, start_ns: int, end_ns: int, matchers: Matchers,
             "SELECT series, type, type_id, shape, time_ns, duration_ns, samples FROM "
             f"profiles WHERE time_ns < ? AND time_ns + duration_ns >= ?{kind}{extra} "
             "ORDER BY time_ns", args).fetchall()
-        rows = cur.execute(
-            "SELECT time_ns, series, type, thread, stack, "
+        got = cur.execute(
+            "SELECT time_ns, series, type, thread, leaf, "
             + ", ".join(f"v{i}" for i in range(MAX_VALUES))
             + " FROM samples WHERE time_ns < ? AND end_ns >= ?"
-            + kind.replace("type_id", "type") + extra, args).fetchall()
-    stacks = store.stacks(np.array(sorted({r[4] for r in rows}), np.uint64))
+            + kind.replace("type_id", "type") + extra, args).fetchnumpy()
+    # rows name threads and (thread name, stack) pairs by number: their ids
+    thread_ids = store.thread_nums.ids[np.asarray(got["thread"], np.intp)]
+    stack_ids = store.leaves.pairs(np.asarray(got["leaf"], np.uint32))[1]
+    stacks = store.stacks(np.unique(stack_ids))
     frames, threads = store.interner.frames, store.interner.threads
     by_profile: dict[tuple[int, int, int], list[Sample]] = {}
-    for t, sid, tid, th, stk, *values in rows:
+    for t, sid, tid, th, stk, *values in zip(
+            got["time_ns"].tolist(), got["series"].tolist(), got["type"].tolist(),
+            thread_ids.tolist(), stack_ids.tolist(),
+            *(got[f"v{i}"].tolist() for i in range(MAX_VALUES)), strict=True):
         pid, tid_, name, labels = threads.get(th, (0, 0, "", ()))
         by_profile.setdefault((t, sid, tid), []).append(Sample(
             tuple(frames[f] for f in stacks.get(stk, ())), tuple(values), pid, tid_, name,

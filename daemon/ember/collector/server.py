@@ -51,6 +51,8 @@ log = logging.getLogger(__name__)
 RETRY_AFTER = "retry-after"
 #: How long agents are told to wait when the store refuses writes.
 STORAGE_RETRY_AFTER = 15
+#: Between two blocks rolled up, and between looks for closed blocks (rollup.py).
+SEAL_PAUSE_S, SEAL_EVERY_S = 1.0, 30.0
 
 
 def _loopback(hostport: str) -> bool:
@@ -198,6 +200,7 @@ class Collector:
         self.http_port = int(self._http.server_address[1])
         threading.Thread(target=self._retention_loop, name="ember-retention",
                          daemon=True).start()
+        threading.Thread(target=self._seal_loop, name="ember-seal", daemon=True).start()
         threading.Thread(target=self._warm_index, name="ember-index", daemon=True).start()
         log.info("collector: gRPC on %s, HTTP on %s, storage %s", cfg.grpc_listen,
                  cfg.http_listen, cfg.storage)
@@ -256,6 +259,22 @@ class Collector:
                 self.retention_once()
             except Exception:
                 log.exception("retention failed")
+
+    def _seal_loop(self) -> None:
+        """Roll up closed blocks (store.seal), one at a time with a pause
+        between (each holds the store's lock: writes wait), and look again
+        every SEAL_EVERY_S once none is left."""
+        while not self._stop.wait(SEAL_PAUSE_S):
+            try:
+                if self.store.seal(time.time_ns()):
+                    self.metrics.sealed.inc()
+                    continue
+            except StorageError as exc:   # a full disk: tried again later
+                log.warning("collector: cannot roll up a block now: %s", exc)
+            except Exception:
+                log.exception("sealing failed")
+            if self._stop.wait(SEAL_EVERY_S):
+                return
 
     def wait(self, stop: threading.Event) -> None:
         stop.wait()

@@ -1,9 +1,10 @@
 """The collector's profile store: one DuckDB file, columns made for profiles.
 
 A profile is not kept as a blob: its samples become rows of ``samples``
-(time, series, type, thread, stack, values), and what the rows name, the
+(time, series, type, thread, leaf, values), and what the rows name, the
 frames, stacks, threads and series, is interned under 64-bit content hashes
-(intern.py) and written once. A query over an hour of a fleet is then one
+(intern.py) and written once; the rows name them by dense numbers
+(numbers.py, leaves.py). A query over an hour of a fleet is then one
 aggregation over columns instead of decoding every stored profile
 (docs/storage.md has the measurements that chose DuckDB).
 
@@ -18,7 +19,7 @@ the free space), and any other write failure rolls back whole (StorageError)
 while reads go on: the servicer answers a retryable status, and agents keep
 the request spooled. A store of the older SQLite format is converted when
 the collector opens it (legacy.py), and the old file is kept beside it; one
-of schema 2 gets its leaf ids (leaves.py) in place.
+of schema 2 to 4 is upgraded in place (tables.create_or_upgrade).
 """
 
 from __future__ import annotations
@@ -31,7 +32,6 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
 
 import duckdb
 import numpy as np
@@ -39,11 +39,13 @@ import numpy.typing as npt
 
 from ..encode.folded import clean
 from ..errors import StorageError
-from ..httpserve import check_cancelled, on_cancel
 from ..model import ProfileType
-from .intern import Interner, Rows, ThreadKey, thread_name_id, type_id
-from .leaves import PERFECT_BITS, Leaves, raw_sums
+from . import merge
+from .intern import Interner, Rows, ThreadKey, labels_json, series_id, thread_name_id, type_id
+from .leaves import PERFECT_BITS, Leaves
 from .matchers import Matchers, selector
+from .numbers import Numbers, numbered_rows
+from .rollup import Seals, seal, unsealed
 from .rows import Aggregate, Row, StoredProfile, Write, as_sent, rows_of
 from .tables import (
     check_disk,
@@ -51,7 +53,6 @@ from .tables import (
     frame_of_row,
     insert,
     one,
-    shape_json,
     shape_of,
     stack_frames,
     storage_error,
@@ -77,11 +78,13 @@ class Store:
         self._deleted = 0       # the generation of the last deletion
         self._sized, self._grown = (-SIZE_FRESH_S, 0), 0    # size_bytes: (when, bytes)
         self.interner = Interner()
-        self._series_labels: dict[int, dict[str, str]] = {}
+        self._series_labels: dict[int, dict[str, str]] = {}   # by series number
+        self.series_nums, self.thread_nums = Numbers("series"), Numbers("threads")
         self._shapes: dict[int, list[tuple[str, ProfileType]]] = {}   # type id -> shapes
         self._types: dict[str, int] = {}
         self.thread_names: dict[int, str] = {}   # thread name id -> name (cleaned)
         self.leaves = Leaves()
+        self.seals = Seals()
         if self.path != ":memory:":
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
             from .legacy import convert_if_legacy  # a store of the older format
@@ -111,14 +114,22 @@ class Store:
             it.frames[int(row[0])] = frame_of_row(row)
         it.stacks.add_array(np.asarray(db.execute("SELECT id FROM stacks").fetchnumpy()["id"],
                                        np.uint64))
-        for tid, pid, t, name, labels in db.execute("SELECT * FROM threads").fetchall():
+        nums: list[int] = []
+        for tid, pid, t, name, labels, num in db.execute("SELECT * FROM threads").fetchall():
             key: ThreadKey = (int(pid), int(t), name,
                               tuple((a, b) for a, b in json.loads(labels)))
             it.threads[int(tid)] = key
+            nums.append(num)
+        self.thread_nums.load(np.fromiter(it.threads, np.uint64, len(it.threads)),
+                              np.array(nums, np.int64))
         self._series_labels = {}
-        for sid, _, labels in db.execute("SELECT * FROM series").fetchall():
+        ids, nums = [], []
+        for sid, _, labels, num in db.execute("SELECT * FROM series").fetchall():
             it.series[labels] = int(sid)
-            self._series_labels[int(sid)] = dict(json.loads(labels))
+            self._series_labels[int(num)] = dict(json.loads(labels))
+            ids.append(int(sid))
+            nums.append(num)
+        self.series_nums.load(np.array(ids, np.uint64), np.array(nums, np.int64))
         self.thread_names = {thread_name_id(k[2]): clean(k[2]) for k in it.threads.values()}
         self._shapes, self._types = {}, {}
         for type_, tid_, shape in db.execute(
@@ -127,9 +138,11 @@ class Store:
             self._note_type(type_, int(tid_), shape)
         self.interner = it
         self.leaves.load(db)
-        # on from the newest write stored: a row's generation stays unique
+        self.seals.load(db)
+        # on from the newest write stored (rows, seals): a generation stays unique
         self.generation = max(self.generation, int(one(db.execute(
-            "SELECT COALESCE(max(written), 0) FROM samples"))))
+            "SELECT greatest((SELECT COALESCE(max(written), 0) FROM samples), "
+            "(SELECT COALESCE(max(written), 0) FROM seals))"))))
         self._deleted = self.generation
 
     def _note_type(self, type_: str, tid: int, shape: str) -> None:
@@ -193,13 +206,28 @@ class Store:
         False, writing nothing, if one of its profiles is stored already."""
         incoming = sum(len(sp.data) for sp, _ in meta) * 4 + len(rows) * 64
         check_disk(self.path, incoming)
-        cols = rows.columns()
-        cols["leaf"], pending = self.leaves.ids(np.asarray(cols["tname"], np.uint64),
-                                                np.asarray(cols["stack"], np.uint64))
+        cols = dict(rows.columns())   # (its own: the rows' arrays stay as they are)
+        cols["leaf"], pending = self.leaves.ids(np.asarray(cols.pop("tname"), np.uint64),
+                                                np.asarray(cols.pop("stack"), np.uint64))
         cols["written"] = np.full(len(rows), self.generation + 1, np.uint64)
+        numbered, new_series, new_threads = numbered_rows(
+            self.series_nums, self.thread_nums, rows, cols,
+            [series_id(labels_json(sp.series_labels)) for sp, _ in meta])
+        # a type stored with a second shape loses its roll-ups (rollup.py)
+        unrolled = set()
+        for sp, shape in meta:
+            known = self._shapes.get(type_id(sp.type))
+            if known and all(s != shape for s, _ in known):
+                unrolled.add(type_id(sp.type))
+        if unrolled:
+            self.seals.forget_types(unrolled)
         try:
             self._db.execute("BEGIN TRANSACTION")
-            insert(self._db, rows, cols, pending, meta, now)
+            for t in unrolled:
+                self._db.execute("DELETE FROM rollups WHERE type = ?", (t,))
+                self._db.execute("DELETE FROM seals WHERE type = ?", (t,))
+            insert(self._db, rows, cols, pending, numbered, meta, now,
+                   self.seals.late(cols))
             self._db.execute("COMMIT")
         except duckdb.ConstraintException:  # (profiles' key, the only one)
             self._rollback()
@@ -211,10 +239,12 @@ class Store:
             raise
         self.interner.commit(rows)
         self.leaves.commit(pending)
+        self.series_nums.commit(new_series)
+        self.thread_nums.commit(new_threads)
         for key in rows.new_threads.values():
             self.thread_names.setdefault(thread_name_id(key[2]), clean(key[2]))
         for sid, labels in rows.new_series.items():
-            self._series_labels[sid] = dict(json.loads(labels))
+            self._series_labels[numbered.series[sid]] = dict(json.loads(labels))
         for sp, shape in meta:
             self._note_type(sp.type, type_id(sp.type), shape)
         if meta:
@@ -241,7 +271,8 @@ class Store:
 
     # --- reading ---
     def series_matching(self, matchers: Matchers) -> list[int]:
-        """The series whose labels the matchers select (collector/matchers.py)."""
+        """The numbers of the series whose labels the matchers select
+        (collector/matchers.py)."""
         sel = selector(matchers)
         return [sid for sid, labels in self._series_labels.items() if sel.holds(labels)]
 
@@ -250,8 +281,9 @@ class Store:
         was opened after it): what a tree of that generation holds may be gone."""
         return self._deleted > generation
 
-    def series_labels(self, sid: int) -> dict[str, str]:
-        return self._series_labels.get(sid, {})
+    def series_labels(self, num: int) -> dict[str, str]:
+        """The labels of a series by its number."""
+        return self._series_labels.get(num, {})
 
     def type_id(self, type_: str) -> int | None:
         return self._types.get(type_)
@@ -259,25 +291,6 @@ class Store:
     def shapes(self, type_: str) -> list[ProfileType]:
         tid = self._types.get(type_)
         return [s for _, s in self._shapes.get(tid, [])] if tid is not None else []
-
-    def _where(self, start_ns: int, end_ns: int, series: Sequence[int],
-               type_: str | None) -> tuple[str, list[Any]] | None:
-        """The WHERE clause of samples in a range, of some series and a type
-        (None: no row can match)."""
-        if not series:
-            return None
-        clause = "time_ns < ? AND end_ns >= ?"
-        args: list[Any] = [end_ns, start_ns]
-        if type_ is not None:
-            tid = self._types.get(type_)
-            if tid is None:
-                return None
-            clause += " AND type = ?"
-            args.append(tid)
-        if len(series) < len(self._series_labels):
-            clause += " AND series IN (SELECT unnest(?::UBIGINT[]))"
-            args.append(list(series))
-        return clause, args
 
     def cursor(self) -> duckdb.DuckDBPyConnection:
         """A connection of its own for one reader thread."""
@@ -291,8 +304,9 @@ class Store:
         """The samples of one type in a range, summed per (thread, stack),
         or per (thread name, stack) with ``by_name`` (all the flame graph
         needs, and far fewer groups over a fleet); None when no stored
-        profile matches. ``value``: only that sample type summed (each one
-        summed costs as much again over a fleet's hour); the others are None.
+        profile matches (merge.py). ``value``: only that sample type summed
+        (each one summed costs as much again over a fleet's hour); the
+        others are None.
 
         These narrow the rows summed, not the count of profiles: ``upto``,
         those written by that generation (a tree is of one generation);
@@ -300,84 +314,16 @@ class Store:
         or written after the old generation; ``ended_before``, those ended
         before it: what a range gained or lost since a tree of another
         range and generation (collector/window.py)."""
-        shapes = self.shapes(type_)
-        matched = self.series_matching(matchers)
-        where = self._where(start_ns, end_ns, matched, type_)
-        if where is None or not shapes:
-            return None
-        clause, args = where
-        shape = shapes[0]
-        n = len(shape.sample_types)
-        skipped: dict[str, int] = {}
-        cur = self.cursor()
-        try:
-            counted = cur.execute(
-                "SELECT COUNT(*) FROM profiles WHERE time_ns < ? AND "
-                "time_ns + duration_ns >= ? AND type_id = ?"
-                + (" AND series IN (SELECT unnest(?::UBIGINT[]))" if len(args) > 3 else ""),
-                args).fetchone()
-            if not counted or not counted[0]:
-                return None
-            if len(shapes) > 1:
-                # other sample types under the same type name: not mergeable with the first
-                other = cur.execute(
-                    "SELECT COUNT(*) FROM profiles WHERE time_ns < ? AND time_ns + duration_ns "
-                    ">= ? AND type_id = ? AND shape <> ?"
-                    + (" AND series IN (SELECT unnest(?::UBIGINT[]))" if len(args) > 3 else ""),
-                    [*args[:3], shape_json(shape), *args[3:]]).fetchone()
-                if other and other[0]:
-                    skipped["shape"] = int(other[0])
-                clause += (" AND (time_ns, series) IN (SELECT (time_ns, series) FROM profiles "
-                           "WHERE type_id = ? AND shape = ?)")
-                args = [*args, args[2], shape_json(shape)]
-            summed = [f"v{i}" for i in range(n) if value in (None, i)]
-            sums = ", ".join(f"least(greatest(sum({c}), {-(1 << 63)}), {(1 << 63) - 1})::BIGINT"
-                             for c in summed)
-            if upto is not None:
-                clause += " AND written <= ?"
-                args = [*args, upto]
-            if gained is not None:
-                clause += " AND (time_ns >= ? OR written > ?)"
-                args = [*args, *gained]
-            if ended_before is not None:
-                clause += " AND end_ns < ?"
-                args = [*args, ended_before]
-            who = "leaf" if by_name else "thread, stack"
-            with on_cancel(cur.interrupt):   # the client left: stop the merge
-                few = by_name and len(matched) * 4 <= len(self._series_labels)
-                got = raw_sums(cur, clause, args, summed) if few else None
-                if got is None:
-                    got = cur.execute(f"SELECT {who}, {sums} FROM samples WHERE {clause} "
-                                      f"GROUP BY {who}", args).fetchnumpy()
-        except duckdb.Error as exc:
-            check_cancelled()
-            raise StorageError(f"query failed: {exc}") from None
-        finally:
-            cur.close()
-        cols = list(got.values())
-        thread = stack = leaf = None
-        if by_name:   # (the leaf ids name the pairs: store.leaves.pairs)
-            leaf = np.asarray(cols.pop(0), np.uint32)
-        else:
-            thread, stack = np.asarray(cols.pop(0), np.uint64), np.asarray(cols.pop(0), np.uint64)
-        got_values = iter(np.asarray(c, np.int64) for c in cols)
-        return Aggregate(shape, thread, stack,
-                         tuple(next(got_values) if value in (None, i) else None for i in range(n)),
-                         int(counted[0]) - skipped.get("shape", 0), skipped, leaf)
+        return merge.aggregate(self, start_ns, end_ns, matchers, type_, by_name, value, upto,
+                               gained, ended_before)
 
     def timeline(self, start_ns: int, end_ns: int, matchers: Matchers,
                  type_: str) -> list[tuple[int, int, int]]:
-        """(time_ns, series, samples) per stored profile of the range."""
-        where = self._where(start_ns, end_ns, self.series_matching(matchers), type_)
-        if where is None:
-            return []
-        _, args = where
-        with contextlib.closing(self.cursor()) as cur:
-            return [(int(t), int(s), int(n)) for t, s, n in cur.execute(
-                "SELECT time_ns, series, samples FROM profiles WHERE time_ns < ? AND "
-                "time_ns + duration_ns >= ? AND type_id = ?"
-                + (" AND series IN (SELECT unnest(?::UBIGINT[]))" if len(args) > 3 else "")
-                + " ORDER BY time_ns", args).fetchall()]
+        """(time_ns, series number, samples) per stored profile of the range."""
+        return merge.timeline(self, start_ns, end_ns, matchers, type_)
+
+    def series_count(self) -> int:
+        return len(self._series_labels)
 
     def query(self, start_ns: int, end_ns: int, matchers: Matchers,
               type_: str | None = None) -> list[Row]:
@@ -431,6 +377,27 @@ class Store:
             return 0
         return size
 
+    def seal(self, now_ns: int) -> bool:
+        """Roll up the oldest closed block not yet sealed of a type stored
+        with one shape (rollup.py), in a write of its own; False when none
+        is left. One at a time: a block of a fleet is a third of a second
+        of the store's lock, and writes wait for it."""
+        for tid, shapes in list(self._shapes.items()):
+            if len(shapes) != 1:
+                continue
+            with self._writing("sealing"):
+                todo = unsealed(self._db, tid, now_ns, self.seals.blocks(tid))
+                if not todo:
+                    continue
+                generation = self.generation + 1
+                self._db.execute("BEGIN TRANSACTION")
+                seal(self._db, tid, todo[0], generation)
+                self._db.execute("COMMIT")
+                self.generation = generation
+                self.seals.sealed(tid, todo[0], generation)
+                return True
+        return False
+
     # --- retention ---
     def enforce_retention(self, max_age_s: float, max_bytes: int) -> tuple[int, int]:
         """Delete old profiles, then the oldest while over max_bytes.
@@ -456,7 +423,11 @@ class Store:
             self._db.execute("BEGIN TRANSACTION")
             self._db.execute("DELETE FROM samples WHERE time_ns < ?", (cutoff,))
             self._db.execute("DELETE FROM profiles WHERE time_ns < ?", (cutoff,))
+            # the blocks that lost rows: sealed again from what is left
+            self._db.execute("DELETE FROM rollups WHERE block < ?", (cutoff,))
+            self._db.execute("DELETE FROM seals WHERE block < ?", (cutoff,))
             self._db.execute("COMMIT")
+            self.seals.forget_before(cutoff)
             self._db.execute("CHECKPOINT")
             self.generation += 1
             self._deleted = self.generation

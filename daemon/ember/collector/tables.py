@@ -4,10 +4,11 @@
 profile's time and series, up to MAX_VALUES values and the store generation
 of the write that stored it (``written``). Everything it names
 is interned (intern.py) in ``frames``, ``stacks``, ``threads`` and
-``series``; ``leaves`` numbers each distinct (thread name, stack) densely
-for the merges (leaves.py). ``profiles`` keeps a row per stored profile (its
-id makes a profile sent twice stored once), with its type and shape (sample
-types and period) as JSON.
+``series``; the rows name a series or thread by its dense number (``num``,
+numbers.py) and a (thread name, stack) by its dense leaf id (``leaves``,
+leaves.py). ``profiles`` keeps a row per stored profile (its
+id makes a profile sent twice stored once), with its series' number, its
+type and shape (sample types and period) as JSON.
 """
 
 from __future__ import annotations
@@ -26,11 +27,14 @@ import numpy.typing as npt
 
 from ..errors import StorageError, StorageFull
 from ..model import Frame, FrameKind, Mapping, ProfileType
-from .intern import MAX_VALUES, Rows, labels_json, series_id, type_id
+from .intern import MAX_VALUES, Rows, type_id
 from .leaves import upgrade
+from .numbers import upgrade as number_rows_of
+from .rollup import TABLES as ROLLUPS
 
 if TYPE_CHECKING:
     from .leaves import Pending
+    from .numbers import Numbered
     from .rows import StoredProfile
 
 log = logging.getLogger(__name__)
@@ -39,10 +43,24 @@ log = logging.getLogger(__name__)
 #: writes its log first, and a checkpoint may need room for a few blocks.
 DISK_MARGIN = 8 << 20
 
-SCHEMA_VERSION = "4"
+SCHEMA_VERSION = "5"
+#: the sample rows' columns (schema 5)
+SAMPLES = f"""(
+    time_ns BIGINT, end_ns BIGINT,
+    series UINTEGER,                               -- series.num
+    type UBIGINT,
+    thread UINTEGER,                               -- threads.num
+    {", ".join(f"v{i} BIGINT" for i in range(MAX_VALUES))},
+    leaf UINTEGER,                                 -- leaves.id of (thread name, stack)
+    written UBIGINT                                -- the store generation that wrote it
+)"""
+PROFILES = """(
+    profile_id VARCHAR PRIMARY KEY, series UINTEGER, type VARCHAR, type_id UBIGINT,
+    shape VARCHAR, time_ns BIGINT, duration_ns BIGINT, received_ns BIGINT,
+    samples BIGINT, bytes BIGINT)"""
 SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS meta (key VARCHAR, value VARCHAR);
-CREATE TABLE IF NOT EXISTS series (id UBIGINT, name VARCHAR, labels VARCHAR);
+CREATE TABLE IF NOT EXISTS series (id UBIGINT, name VARCHAR, labels VARCHAR, num UINTEGER);
 CREATE TABLE IF NOT EXISTS frames (
     id UBIGINT, name VARCHAR, kind VARCHAR, has_mapping BOOLEAN,
     map_start UBIGINT, map_limit UBIGINT, map_offset UBIGINT, map_path VARCHAR,
@@ -50,18 +68,13 @@ CREATE TABLE IF NOT EXISTS frames (
     address UBIGINT, system_name VARCHAR, file VARCHAR, line BIGINT, inlined BOOLEAN);
 CREATE TABLE IF NOT EXISTS stacks (id UBIGINT, frames BLOB);   -- frame ids, root first
 CREATE TABLE IF NOT EXISTS threads (id UBIGINT, pid BIGINT, tid BIGINT, name VARCHAR,
-                                    labels VARCHAR);
-CREATE TABLE IF NOT EXISTS profiles (
-    profile_id VARCHAR PRIMARY KEY, series UBIGINT, type VARCHAR, type_id UBIGINT,
-    shape VARCHAR, time_ns BIGINT, duration_ns BIGINT, received_ns BIGINT,
-    samples BIGINT, bytes BIGINT);
-CREATE TABLE IF NOT EXISTS samples (
-    time_ns BIGINT, end_ns BIGINT, series UBIGINT, type UBIGINT, thread UBIGINT,
-    tname UBIGINT, stack UBIGINT, {", ".join(f"v{i} BIGINT" for i in range(MAX_VALUES))},
-    leaf UINTEGER,                                 -- leaves.id of (tname, stack)
-    written UBIGINT);                              -- the store generation that wrote it
+                                    labels VARCHAR, num UINTEGER);
+CREATE TABLE IF NOT EXISTS profiles {PROFILES};
+CREATE TABLE IF NOT EXISTS samples {SAMPLES};
 CREATE TABLE IF NOT EXISTS leaves (id UINTEGER, tname UBIGINT, stack UBIGINT);
-"""
+{ROLLUPS}"""
+
+
 def create_or_upgrade(db: duckdb.DuckDBPyConnection, path: str) -> None:
     """The tables made in a new store, or an older store's upgraded."""
     if not one(db.execute("SELECT COUNT(*) FROM information_schema.tables "
@@ -80,6 +93,11 @@ def create_or_upgrade(db: duckdb.DuckDBPyConnection, path: str) -> None:
         db.execute("ALTER TABLE samples ADD COLUMN written UBIGINT DEFAULT 0")
         db.execute("UPDATE meta SET value = '4' WHERE key = 'schema'")
         db.execute("COMMIT")
+        version = ("4",)
+    if version == ("4",):
+        log.warning("store %s: numbering its series and threads (schema 5, once)", path)
+        number_rows_of(db, SAMPLES, PROFILES)
+        db.execute(ROLLUPS)
     elif version != (SCHEMA_VERSION,):
         raise StorageError(f"{path}: a store of schema {version and version[0]}, "
                            f"not {SCHEMA_VERSION}: a newer collector wrote it")
@@ -164,11 +182,14 @@ def check_disk(path: str, incoming: int) -> None:
 
 
 def insert(db: duckdb.DuckDBPyConnection, rows: Rows, cols: dict[str, Any],
-           pending: Pending, meta: list[tuple[StoredProfile, str]], now: int) -> None:
-    """A write's rows into their tables, in the caller's transaction."""
+           pending: Pending, numbered: Numbered, meta: list[tuple[StoredProfile, str]],
+           now: int, rollups: dict[str, Any] | None = None) -> None:
+    """A write's rows into their tables, in the caller's transaction
+    (``cols``: the sample rows, naming series and threads by number;
+    ``rollups``: what they add to sealed blocks, rollup.py)."""
     if rows.new_series:
-        db.executemany("INSERT INTO series VALUES (?, ?, ?)",
-                       [(sid, dict(json.loads(k)).get("__name__", ""), k)
+        db.executemany("INSERT INTO series VALUES (?, ?, ?, ?)",
+                       [(sid, dict(json.loads(k)).get("__name__", ""), k, numbered.series[sid])
                         for sid, k in rows.new_series.items()])
     if rows.new_frames:
         _append(db, "frames", frame_columns(rows.new_frames))
@@ -178,15 +199,14 @@ def insert(db: duckdb.DuckDBPyConnection, rows: Rows, cols: dict[str, Any],
             "frames": np.array([array("Q", f).tobytes() for f in rows.new_stacks.values()],
                                dtype=object)})
     if rows.new_threads:
-        db.executemany("INSERT INTO threads VALUES (?, ?, ?, ?, ?)",
-                       [(t, k[0], k[1], k[2], json.dumps(k[3]))
+        db.executemany("INSERT INTO threads VALUES (?, ?, ?, ?, ?, ?)",
+                       [(t, k[0], k[1], k[2], json.dumps(k[3]), numbered.threads[t])
                         for t, k in rows.new_threads.items()])
     if meta:
         ps = [sp for sp, _ in meta]
         _append(db, "profiles", {
             "profile_id": np.array([sp.profile_id for sp in ps], dtype=object),
-            "series": np.array([series_id(labels_json(sp.series_labels)) for sp in ps],
-                               np.uint64),
+            "series": numbered.profile_series,
             "type": np.array([sp.type for sp in ps], dtype=object),
             "type_id": np.array([type_id(sp.type) for sp in ps], np.uint64),
             "shape": np.array([shape for _, shape in meta], dtype=object),
@@ -199,6 +219,8 @@ def insert(db: duckdb.DuckDBPyConnection, rows: Rows, cols: dict[str, Any],
         _append(db, "leaves", pending.columns())
     if len(rows):
         _append(db, "samples", cols)
+    if rollups is not None:
+        _append(db, "rollups", rollups)
 
 def _append(db: duckdb.DuckDBPyConnection, table: str, cols: dict[str, Any]) -> None:
     db.register("_incoming", cols)

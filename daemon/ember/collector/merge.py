@@ -1,0 +1,176 @@
+"""The one merge every view starts from: the samples of a type, range and
+set of series summed per (thread, stack), or per (thread name, stack).
+
+Three ways to the same sums, chosen by what is asked:
+
+- a few of the series (a quarter or less, one host say): their rows are
+  read and summed here (leaves.raw_sums), faster than DuckDB groups them;
+- every series of a type: the sealed five-minute blocks inside the range
+  are read from their roll-ups, the rest from the rows (rollup.py);
+- otherwise DuckDB groups the rows.
+
+Each runs in one read transaction, so what it reads (the profiles counted,
+the seals, the rows) is one state of the store.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import duckdb
+import numpy as np
+
+from ..errors import StorageError
+from ..httpserve import check_cancelled, on_cancel
+from .leaves import raw_sums
+from .matchers import Matchers
+from .rollup import runs
+from .rows import Aggregate
+from .tables import shape_json
+
+if TYPE_CHECKING:
+    from .store import Store
+
+_IN_SERIES = " AND series IN (SELECT unnest(?::UINTEGER[]))"
+_PROFILES = "SELECT {} FROM profiles WHERE time_ns < ? AND time_ns + duration_ns >= ? " \
+    "AND type_id = ?"
+
+
+def where(store: Store, start_ns: int, end_ns: int, series: Sequence[int],
+          type_: str | None) -> tuple[str, list[Any]] | None:
+    """The WHERE clause of samples in a range, of some series (numbers)
+    and a type (None: no row can match). The series are named only when
+    they are not all of them."""
+    if not series:
+        return None
+    clause = "time_ns < ? AND end_ns >= ?"
+    args: list[Any] = [end_ns, start_ns]
+    if type_ is not None:
+        tid = store.type_id(type_)
+        if tid is None:
+            return None
+        clause += " AND type = ?"
+        args.append(tid)
+    if len(series) < store.series_count():
+        clause += _IN_SERIES
+        args.append(list(series))
+    return clause, args
+
+
+def aggregate(store: Store, start_ns: int, end_ns: int, matchers: Matchers, type_: str,
+              by_name: bool = False, value: int | None = None, upto: int | None = None,
+              gained: tuple[int, int] | None = None,
+              ended_before: int | None = None) -> Aggregate | None:
+    """Store.aggregate (its docstring says what each argument narrows)."""
+    shapes = store.shapes(type_)
+    matched = store.series_matching(matchers)
+    found = where(store, start_ns, end_ns, matched, type_)
+    if found is None or not shapes:
+        return None
+    clause, args = found
+    every_series = len(args) == 3
+    shape = shapes[0]
+    n = len(shape.sample_types)
+    skipped: dict[str, int] = {}
+    summed = [f"v{i}" for i in range(n) if value in (None, i)]
+    cur = store.cursor()
+    try:
+        cur.execute("BEGIN TRANSACTION")
+        counted = cur.execute(_PROFILES.format("COUNT(*)") + ("" if every_series else _IN_SERIES),
+                              args).fetchone()
+        if not counted or not counted[0]:
+            return None
+        if len(shapes) > 1:
+            # other sample types under the same type name: not mergeable with the first
+            other = cur.execute(_PROFILES.format("COUNT(*)") + " AND shape <> ?"
+                                + ("" if every_series else _IN_SERIES),
+                                [*args[:3], shape_json(shape), *args[3:]]).fetchone()
+            if other and other[0]:
+                skipped["shape"] = int(other[0])
+            clause += (" AND (time_ns, series) IN (SELECT (time_ns, series) FROM profiles "
+                       "WHERE type_id = ? AND shape = ?)")
+            args = [*args, args[2], shape_json(shape)]
+        if upto is not None:
+            clause += " AND written <= ?"
+            args = [*args, upto]
+        if gained is not None:
+            clause += " AND (time_ns >= ? OR written > ?)"
+            args = [*args, *gained]
+        if ended_before is not None:
+            clause += " AND end_ns < ?"
+            args = [*args, ended_before]
+        with on_cancel(cur.interrupt):   # the client left: stop the merge
+            if by_name and len(matched) * 4 <= store.series_count():
+                got = raw_sums(cur, clause, args, summed)
+            else:
+                got = None
+            if got is None:
+                rolled = (by_name and every_series and len(shapes) == 1 and gained is None
+                          and ended_before is None)
+                got = _grouped(cur, store, clause, args, summed, by_name, rolled,
+                               (start_ns, end_ns, upto))
+        cur.execute("COMMIT")
+    except duckdb.Error as exc:
+        check_cancelled()
+        raise StorageError(f"query failed: {exc}") from None
+    finally:
+        with contextlib.suppress(duckdb.Error):
+            cur.execute("ROLLBACK")
+        cur.close()
+    cols = list(got.values())
+    thread = stack = leaf = None
+    if by_name:   # (the leaf ids name the pairs: store.leaves.pairs)
+        leaf = np.asarray(cols.pop(0), np.uint32)
+    else:   # (a thread has one name: its (thread, leaf) is its (thread, stack))
+        thread = store.thread_nums.ids[np.asarray(cols.pop(0), np.intp)]
+        stack = store.leaves.pairs(np.asarray(cols.pop(0), np.uint32))[1]
+    got_values = iter(np.asarray(c, np.int64) for c in cols)
+    return Aggregate(shape, thread, stack,
+                     tuple(next(got_values) if value in (None, i) else None for i in range(n)),
+                     int(counted[0]) - skipped.get("shape", 0), skipped, leaf)
+
+
+def _grouped(cur: duckdb.DuckDBPyConnection, store: Store, clause: str, args: list[Any],
+             summed: list[str], by_name: bool, rolled: bool,
+             span: tuple[int, int, int | None]) -> dict[str, Any]:
+    """DuckDB's GROUP BY of the rows, with ``rolled`` the sealed blocks'
+    roll-up rows in place of theirs (in the caller's transaction)."""
+    sums = ", ".join(f"least(greatest(sum({c}), {-(1 << 63)}), {(1 << 63) - 1})::BIGINT"
+                     for c in summed)
+    who = "leaf" if by_name else "thread, leaf"
+    blocks = []
+    if rolled:
+        start_ns, end_ns, upto = span
+        type_id = args[2]
+        sealed = {int(b): int(w) for b, w in cur.execute(
+            "SELECT block, written FROM seals WHERE type = ? AND block >= ? AND block < ?",
+            (type_id, start_ns, end_ns)).fetchall()}
+        blocks = runs(sealed, start_ns, end_ns, upto)
+    if not blocks:
+        return cur.execute(f"SELECT {who}, {sums} FROM samples WHERE {clause} GROUP BY {who}",
+                           args).fetchnumpy()
+    inside = " OR ".join("(block >= ? AND block < ?)" for _ in blocks)
+    outside = " AND ".join("NOT (time_ns >= ? AND time_ns < ?)" for _ in blocks)
+    edges = [x for r in blocks for x in r]
+    upto = span[2]
+    cols = ", ".join(summed)
+    return cur.execute(
+        f"SELECT leaf, {sums} FROM (SELECT leaf, {cols} FROM rollups WHERE type = ? "
+        f"AND ({inside}){' AND written <= ?' if upto is not None else ''} UNION ALL "
+        f"SELECT leaf, {cols} FROM samples WHERE {clause} AND {outside}) GROUP BY leaf",
+        [args[2], *edges, *([upto] if upto is not None else []), *args, *edges]).fetchnumpy()
+
+
+def timeline(store: Store, start_ns: int, end_ns: int, matchers: Matchers,
+             type_: str) -> list[tuple[int, int, int]]:
+    """Store.timeline."""
+    found = where(store, start_ns, end_ns, store.series_matching(matchers), type_)
+    if found is None:
+        return []
+    _, args = found
+    with contextlib.closing(store.cursor()) as cur:
+        return [(int(t), int(s), int(n)) for t, s, n in cur.execute(
+            _PROFILES.format("time_ns, series, samples")
+            + (_IN_SERIES if len(args) > 3 else "") + " ORDER BY time_ns", args).fetchall()]

@@ -1,0 +1,240 @@
+"""Roll-ups of sealed blocks (collector/rollup.py): a merge over every
+series reads them for the blocks inside its range, and answers exactly as
+the sample rows do, through late writes into sealed blocks, trees older
+than a seal, retention cutting a block and a type's second shape."""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ember.collector import merge, rollup, server
+from ember.collector.api import Api
+from ember.collector.matchers import selector
+from ember.collector.rollup import BLOCK_NS
+from ember.collector.server import Collector
+from ember.collector.store import Store
+from ember.config import CollectorConfig
+from tests.support.profiles import write_fleet
+from tests.support.waits import wait_for
+
+S = 10**9
+T0 = 1_700_000_160 * S          # a minute into a block
+FAR = T0 + 10 * 3600 * S        # "now", long after everything written
+VIEWS = (("/api/v1/tree", {"max_nodes": ["20000"]}),
+         ("/api/v1/top", {"limit": ["1000"], "sort": ["total"]}),
+         ("/api/v1/tree", {"search": ["fn3"]}))
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[Store]:
+    s = Store(tmp_path / "db.duckdb")
+    yield s
+    s.close()
+
+
+def fill(store: Store, rng: random.Random, minutes: int, every_s: int = 40) -> None:
+    for at in range(0, minutes * 60, every_s):
+        write_fleet(store, rng, T0 + at * S)
+
+
+def seal_all(store: Store, now: int = FAR) -> int:
+    n = 0
+    while store.seal(now):
+        n += 1
+    return n
+
+
+def ranges() -> list[tuple[int, int]]:
+    """Whole, aligned to blocks, cutting blocks, inside one block."""
+    b = T0 // BLOCK_NS * BLOCK_NS
+    return [(0, FAR), (b + BLOCK_NS, b + 4 * BLOCK_NS), (T0 + 7 * S, T0 + 1234 * S),
+            (b + 2 * BLOCK_NS + 5 * S, b + 2 * BLOCK_NS + 200 * S), (T0 + 300 * S, FAR)]
+
+
+def views(store: Store, monkeypatch: pytest.MonkeyPatch, rolled: bool) -> list[Any]:
+    """Every view of every range from an API with nothing cached, with the
+    roll-ups read (rolled) or not."""
+    with monkeypatch.context() as m:
+        if not rolled:
+            m.setattr(merge, "runs", lambda *a: [])
+        out = []
+        for lo, hi in ranges():
+            api = Api(store)
+            for path, extra in VIEWS:
+                code, body, _ = api.handle(path, {"from": [str(lo)], "to": [str(hi)], **extra})
+                out.append((code, body))
+        return out
+
+
+def used(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Records how many blocks each merge read from roll-ups."""
+    seen: list[int] = []
+    real = merge.runs
+
+    def counting(*a: Any) -> list[tuple[int, int]]:
+        got = real(*a)
+        seen.append(sum((e - b) // BLOCK_NS for b, e in got))
+        return got
+    monkeypatch.setattr(merge, "runs", counting)
+    return seen
+
+
+def test_sealed_blocks_answer_as_the_rows(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = random.Random(1)
+    fill(store, rng, 30)
+    raw = views(store, monkeypatch, rolled=False)
+    # only closed blocks: at T0 + 12 min, the two ended a minute ago or more
+    assert seal_all(store, now=T0 + 12 * 60 * S) == 2
+    n = seal_all(store)
+    assert n >= 5
+    assert not store.seal(FAR)
+    with store.cursor() as cur:
+        assert cur.execute("SELECT COUNT(*) FROM seals").fetchone() == (n + 2,)
+        rolled_rows, = cur.execute("SELECT COUNT(*) FROM rollups").fetchone()
+        rows, = cur.execute("SELECT COUNT(*) FROM samples").fetchone()
+    assert 0 < rolled_rows < rows
+    seen = used(monkeypatch)
+    assert views(store, monkeypatch, rolled=True) == raw
+    assert max(seen) >= 5                      # the whole range: its blocks rolled
+    # a merge of some series reads their rows, never a roll-up
+    seen.clear()
+    agg = store.aggregate(0, FAR, selector(["host=h1"]), store.types()[0], by_name=True)
+    assert agg is not None and not any(seen)
+
+
+def test_late_rows_into_sealed_blocks_are_added(store: Store,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = random.Random(2)
+    fill(store, rng, 25)
+    seal_all(store)
+    sealed_at = store.generation
+    with store.cursor() as cur:
+        before, = cur.execute("SELECT COUNT(*) FROM rollups").fetchone()
+    for at in (61, 400, 777):                  # an agent's retries, late
+        write_fleet(store, rng, T0 + at * S, pids=(10, 20))
+    with store.cursor() as cur:
+        late = cur.execute("SELECT COUNT(*), min(written) FROM rollups WHERE written > ?",
+                           (sealed_at,)).fetchone()
+        assert cur.execute("SELECT COUNT(*) FROM rollups").fetchone()[0] > before
+    assert late is not None and late[0] > 0 and late[1] == sealed_at + 1
+    assert views(store, monkeypatch, rolled=True) == views(store, monkeypatch, rolled=False)
+
+
+def test_a_tree_older_than_a_seal_reads_that_block_s_rows(
+        store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = random.Random(3)
+    fill(store, rng, 25)
+    before = store.generation
+    seal_all(store)
+    write_fleet(store, rng, T0 + 130 * S)      # into a sealed block, after the seal
+    t = store.types()[0]
+    seen = used(monkeypatch)
+
+    def sums(upto: int) -> dict[int, int]:
+        agg = store.aggregate(0, FAR, selector([]), t, by_name=True, value=1, upto=upto)
+        assert agg is not None and agg.leaf is not None
+        return dict(zip(agg.leaf.tolist(), agg.sums(1).tolist(), strict=True))
+
+    old, new = sums(before), sums(store.generation)
+    assert seen == [0, max(seen)] and max(seen) >= 4   # the old tree: no roll-up at all
+    with monkeypatch.context() as m:
+        m.setattr(merge, "runs", lambda *a: [])
+        assert old == sums(before) and new == sums(store.generation)
+    assert old != new
+
+
+def test_retention_unseals_what_it_cuts(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = random.Random(4)
+    fill(store, rng, 30)
+    seal_all(store)
+    sealed = set(store.seals.blocks(store.type_id(store.types()[0]) or 0))
+    cut = T0 // BLOCK_NS * BLOCK_NS + 2 * BLOCK_NS + 100 * S   # inside a block
+    with store._writing("test"):
+        store._delete_before(cut)
+    left = set(store.seals.blocks(store.type_id(store.types()[0]) or 0))
+    assert left == {b for b in sealed if b >= cut} and len(left) < len(sealed)
+    with store.cursor() as cur:
+        assert cur.execute("SELECT COUNT(*) FROM rollups WHERE block < ?",
+                           (cut,)).fetchone() == (0,)
+    assert views(store, monkeypatch, rolled=True) == views(store, monkeypatch, rolled=False)
+    assert seal_all(store) == 1                # the block cut: sealed again from what is left
+    assert views(store, monkeypatch, rolled=True) == views(store, monkeypatch, rolled=False)
+
+
+def test_a_second_shape_drops_the_type_s_rollups(store: Store,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = random.Random(5)
+    fill(store, rng, 20)
+    seal_all(store)
+    assert store.seals.any()
+    write_fleet(store, rng, T0 + 90 * S, hz=50)   # same type, another period
+    assert len(store.shapes(store.types()[0])) == 2
+    assert not store.seals.any() and not store.seal(FAR)
+    with store.cursor() as cur:
+        assert cur.execute("SELECT COUNT(*) FROM rollups").fetchone() == (0,)
+        assert cur.execute("SELECT COUNT(*) FROM seals").fetchone() == (0,)
+    assert views(store, monkeypatch, rolled=True) == views(store, monkeypatch, rolled=False)
+
+
+def test_seals_survive_a_restart(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "db.duckdb"
+    store = Store(path)
+    fill(store, random.Random(6), 20)
+    n = seal_all(store)
+    generation = store.generation
+    store.close()
+    store = Store(path)
+    try:
+        assert len(store.seals.blocks(store.type_id(store.types()[0]) or 0)) == n
+        assert store.generation == generation and not store.seal(FAR)
+        seen = used(monkeypatch)
+        assert views(store, monkeypatch, rolled=True) == views(store, monkeypatch,
+                                                               rolled=False)
+        assert max(seen) >= 3
+    finally:
+        store.close()
+
+
+def test_runs_are_the_blocks_wholly_inside_and_old_enough() -> None:
+    b = 100 * BLOCK_NS
+    sealed = {b: 5, b + BLOCK_NS: 6, b + 2 * BLOCK_NS: 9, b + 4 * BLOCK_NS: 5}
+    assert rollup.runs(sealed, b, b + 5 * BLOCK_NS, None) == [
+        (b, b + 3 * BLOCK_NS), (b + 4 * BLOCK_NS, b + 5 * BLOCK_NS)]
+    assert rollup.runs(sealed, b, b + 5 * BLOCK_NS, 6) == [
+        (b, b + 2 * BLOCK_NS), (b + 4 * BLOCK_NS, b + 5 * BLOCK_NS)]
+    assert rollup.runs(sealed, b + 1, b + 5 * BLOCK_NS - 1, None) == [
+        (b + BLOCK_NS, b + 3 * BLOCK_NS)]
+    assert rollup.runs(sealed, b, b + BLOCK_NS - 1, None) == []
+
+
+def test_a_collector_rolls_up_closed_blocks_by_itself(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "db.duckdb"
+    store = Store(path)
+    now = time.time_ns()
+    rng = random.Random(7)
+    starts = [now - 60 * 60 * S + at * S for at in range(0, 40 * 60, 60)]
+    for t in starts:                        # 40 minutes ending 20 minutes ago
+        write_fleet(store, rng, t)
+    store.close()
+    blocks = len({t // BLOCK_NS for t in starts})   # all closed
+    monkeypatch.setattr(server, "SEAL_PAUSE_S", 0.01)
+    c = Collector(CollectorConfig(storage=str(path), grpc_listen="127.0.0.1:0",
+                                  http_listen="127.0.0.1:0"))
+    c.start()
+    try:
+        def sealed() -> int:
+            return len(c.store.seals.blocks(c.store.type_id(c.store.types()[0]) or 0))
+
+        assert wait_for(lambda: sealed() == blocks, 60), (sealed(), blocks)
+        assert wait_for(lambda: f"ember_collector_blocks_sealed_total {blocks}.0" in
+                        c.handle("/metrics", {}, "")[1].decode())
+        assert not c.store.seal(time.time_ns())   # the collector left none
+    finally:
+        c.close()
