@@ -97,10 +97,10 @@ def create_or_upgrade(db: duckdb.DuckDBPyConnection, path: str) -> None:
     if version == ("4",):
         log.warning("store %s: numbering its series and threads (schema 5, once)", path)
         number_rows_of(db, SAMPLES, PROFILES)
-        db.execute(ROLLUPS)
     elif version != (SCHEMA_VERSION,):
         raise StorageError(f"{path}: a store of schema {version and version[0]}, "
                            f"not {SCHEMA_VERSION}: a newer collector wrote it")
+    db.execute(ROLLUPS)   # (derived: made empty where missing, filled by sealing)
 
 
 def shape_json(t: ProfileType) -> str:
