@@ -3,8 +3,9 @@ set of series summed per (thread, stack), or per (thread name, stack).
 
 Three ways to the same sums, chosen by what is asked:
 
-- a few of the series (a quarter or less, one host say): their rows are
-  read and summed here (leaves.raw_sums), faster than DuckDB groups them;
+- a few of the series (a quarter or less, one host say), or the edges a
+  window slides by (window.py): the rows are read and summed here
+  (leaves.raw_sums), faster than DuckDB groups them;
 - every series of a type: the sealed five-minute blocks inside the range
   are read from their roll-ups, the rest from the rows (rollup.py);
 - otherwise DuckDB groups the rows.
@@ -102,7 +103,11 @@ def aggregate(store: Store, start_ns: int, end_ns: int, matchers: Matchers, type
             clause += " AND end_ns < ?"
             args = [*args, ended_before]
         with on_cancel(cur.interrupt):   # the client left: stop the merge
-            if by_name and len(matched) * 4 <= store.series_count():
+            # a few series, or a window's edges (rollup.py: a slide's rows are
+            # a write or two; DuckDB's grouping into 2^20 leaf ids costs 40-70
+            # ms however few they are, summing them here 12-20)
+            edges = gained is not None or ended_before is not None
+            if by_name and (edges or len(matched) * 4 <= store.series_count()):
                 got = raw_sums(cur, clause, args, summed)
             else:
                 got = None
