@@ -13,7 +13,10 @@ from dataclasses import replace
 
 import numpy as np
 
+from ember.collector.engine import Tree
 from ember.collector.index import Index
+from ember.collector.matchers import selector
+from ember.collector.query import tree_json
 from ember.collector.store import Store
 from ember.collector.tables import stack_frames
 from ember.encode.folded import clean
@@ -133,3 +136,24 @@ def test_a_pair_asked_for_twice_at_once_is_one_leaf() -> None:
     assert (twice[:len(ids)] == twice[len(ids):]).all()
     assert (index._keys[1:] > index._keys[:-1]).all() and len(index._keys) == len(ids)
     assert paths(index, store) == expected(store)
+
+
+def test_the_json_written_from_arrays_is_the_nested_tree_s() -> None:
+    """Tree.nested_json, which the API serves, against query.tree_json of
+    Tree.nested: whole and zoomed, pruned hard and not at all, scaled."""
+    store = Store(":memory:")
+    rng = random.Random(21)
+    for at in range(6):
+        write_fleet(store, rng, T0 + at * 10**9, pids=(10, 11, 12, 13))
+    agg = store.aggregate(0, 1 << 62, selector([]), store.types()[0], by_name=True)
+    assert agg is not None
+    index = Index(store)
+    for value, scale in ((0, 1), (1, 1000)):
+        tree = Tree.build(index, agg, value, "x", scale=scale)
+        worker = tree.find(["worker-0"])
+        deeper = tree.find(["worker-1", "fn0"])
+        for focus in (0, worker, deeper):
+            for max_nodes in (1, 2, 7, 40, 20_000):
+                assert tree.nested_json(focus, max_nodes) == tree_json(
+                    tree.nested(focus, max_nodes)), (focus, max_nodes)
+    store.close()

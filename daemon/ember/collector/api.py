@@ -42,7 +42,7 @@ from .cache import Cache
 from .engine import DEFAULT_NODES, MAX_NODES, Tree, kinds_of
 from .index import Index
 from .matchers import Selector, selector
-from .query import FORMATS, SHAPE, TYPE_ALIASES, profile_of, render, scaled, tree_json
+from .query import FORMATS, SHAPE, TYPE_ALIASES, profile_of, render, scaled
 from .store import Aggregate, Store
 from .validate import INT64_MAX
 from .window import Made, Windows
@@ -292,7 +292,7 @@ class Api:
             value, share = t.matched(search, focus)
             head["matched"] = {"search": search, "value": value // t.scale, "share": share}
         text = json.dumps(head)
-        body = f'{text[:-1]}, "tree": {tree_json(t.nested(focus, max_nodes))}}}'
+        body = f'{text[:-1]}, "tree": {t.nested_json(focus, max_nodes)}}}'
         return 200, body.encode(), "application/json"
 
     def _flamegraph(self, q: Query) -> Reply:

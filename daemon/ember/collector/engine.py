@@ -196,6 +196,62 @@ class Tree:
             item["children"].sort(key=lambda c: (-c["value"], c["name"]))
         return made[focus]
 
+    def nested_json(self, focus: int = 0, max_nodes: int = DEFAULT_NODES) -> str:
+        """``query.tree_json(self.nested(focus, max_nodes))``, written from
+        arrays: children ordered by one lexsort, each node's text made by
+        one format, names encoded once per index. For 5,000 nodes of a
+        fleet hour 45 ms became about 10."""
+        kept = self.kept(focus, max_nodes)
+        n = len(kept)
+        value = (self.total[kept] // self.scale).tolist()
+        own = (self.self_[kept] // self.scale).tolist()
+        nids = self.name[kept]
+        names = self.index.json_names(nids)
+        if kept[0] == focus:
+            names[0] = '"all"' if focus == 0 else names[0]
+        # each kept node's parent among the kept (-1: none), and the children
+        # of each in the order nested() gives them: (-value, name)
+        by_id = np.argsort(kept)
+        parent = self.parent[kept]
+        at = np.searchsorted(kept[by_id], parent).clip(0, n - 1)
+        up = np.where(kept[by_id][at] == parent, by_id[at], -1)
+        up[0] = -1
+        reach = [False] * n
+        reach[0] = True
+        for k, p in enumerate(up.tolist()):   # (depth order: a parent comes first)
+            if p >= 0 and reach[p]:
+                reach[k] = True
+        ranked = sorted(set(nids.tolist()), key=self.index.names.__getitem__)
+        rank = np.zeros(len(self.index.names), np.int64)
+        rank[ranked] = np.arange(len(ranked))
+        attached = np.flatnonzero(np.array(reach) & (up >= 0))
+        order = attached[np.lexsort((rank[nids[attached]],
+                                     -np.array(value, np.int64)[attached], up[attached]))]
+        # preorder: each node's path of sibling ranks from the focus, sorted
+        sibling = np.zeros(n, np.int64)
+        if len(order):
+            ups = up[order]
+            first = np.r_[True, ups[1:] != ups[:-1]]
+            starts = np.flatnonzero(first)
+            sibling[order] = np.arange(len(order)) - np.repeat(starts, np.diff(np.r_[starts,
+                                                                                     len(order)]))
+        depth = self.depth[kept] - self.depth[kept[0]]
+        paths = np.zeros((n, int(depth.max(initial=0)) + 1), np.int64)
+        for d in range(1, paths.shape[1]):
+            at_d = np.flatnonzero((depth == d) & (up >= 0))
+            paths[at_d] = paths[up[at_d]]
+            paths[at_d, d] = sibling[at_d] + 1
+        shown = np.r_[[0], order]
+        pre = shown[np.lexsort(paths[shown].T[::-1])]
+        # after each node, its subtree closes as deep as the next one starts
+        d = depth[pre]
+        closes = np.r_[d[:-1] - d[1:] + 1, d[-1] + 1] if len(pre) else np.zeros(0, np.int64)
+        tails = ["]}" * c + (", " if c else "") for c in range(int(closes.max(initial=0)) + 1)]
+        tail = [tails[c] for c in closes.tolist()]
+        tail[-1] = tail[-1].removesuffix(", ")
+        return "".join(f'{{"name": {names[i]}, "value": {value[i]}, "self": {own[i]}, '
+                       f'"children": [{t}' for i, t in zip(pre.tolist(), tail, strict=True))
+
     def folded(self, focus: int = 0, max_nodes: int = MAX_NODES) -> Iterator[tuple[str, int]]:
         """The pruned view as folded lines: what is left out of a kept node
         stays in it as its own (self) value, so every total is exact."""
@@ -251,6 +307,9 @@ class Tree:
         np.add.at(total_by, name[counted], self.total[counted])
         present = np.flatnonzero(total_by > 0)
         first, second = (self_by, total_by) if sort == "self" else (total_by, self_by)
+        if len(present) > limit:   # only those that can be among the first: ties included
+            floor = np.partition(first[present], len(present) - limit)[len(present) - limit]
+            present = present[first[present] >= floor]
         names = self.index.names
         order = sorted(present.tolist(), key=lambda i: (-first[i], -second[i], names[i]))
         return [{"name": names[i], "self": int(self_by[i]), "total": int(total_by[i])}

@@ -11,6 +11,7 @@ beside the store (index_file.py).
 from __future__ import annotations
 
 import contextlib
+import json
 import threading
 
 import numpy as np
@@ -52,6 +53,7 @@ class Index:
         self._levels: list[npt.NDArray[np.int64]] = []
         self._levels_for = 0
         self._frame_names: dict[int, int] = {}
+        self._json_names: dict[int, str] = {}
 
     def __len__(self) -> int:
         return len(self.parent)
@@ -62,6 +64,14 @@ class Index:
             nid = self._name_ids[name] = len(self.names)
             self.names.append(name)
         return nid
+
+    def json_names(self, nids: npt.NDArray[np.int64]) -> list[str]:
+        """The names as JSON strings (encoded once each)."""
+        known = self._json_names
+        missing = [i for i in set(nids.tolist()) if i not in known]
+        for i in missing:
+            known[i] = json.dumps(self.names[i])
+        return [known[i] for i in nids.tolist()]
 
     def child(self, parent: int, nid: int) -> int | None:
         """The node for name ``nid`` under ``parent``, if there is one yet."""
