@@ -129,3 +129,67 @@ def test_a_merge_whose_client_left_is_stopped_in_the_store(
         assert stopped == ["cancelled"]
     finally:
         s.shutdown()
+
+
+def test_large_reads_run_one_at_a_time_and_a_waiter_whose_client_left_stops(
+        stored: tuple[Store, Aggregate]) -> None:
+    """Store.reading: merges never overlap (DuckDB's memory_limit holds one
+    at a time), and a query waiting for another's to end stops waiting when
+    its client leaves."""
+    store, _ = stored
+    inside, most, waited = [0], [0], []
+    stopped = threading.Event()
+    release = threading.Event()
+
+    def hold() -> None:   # a long merge in another thread
+        with store.reading():
+            inside[0] += 1
+            most[0] = max(most[0], inside[0])
+            release.wait(20)
+            inside[0] -= 1
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    assert wait_for(lambda: inside[0] == 1)
+
+    def route(path: str, query: dict[str, list[str]], auth: str) -> Reply:
+        waited.append(1)
+        try:
+            store.aggregate(0, INT64_MAX, {}, store.types()[0], by_name=True)
+        except Cancelled:
+            stopped.set()
+            raise
+        return 200, b"merged", "text/plain"
+
+    s = serve("127.0.0.1:0", route, "test")
+    try:
+        assert ask_and_leave(s.server_address[1], "/api/v1/tree", lambda: bool(waited))
+        assert stopped.wait(5)          # gave up waiting: the holder still reads
+        assert inside[0] == 1 and not release.is_set()
+    finally:
+        release.set()
+        holder.join(10)
+        s.shutdown()
+    threads = [threading.Thread(target=lambda: [
+        store.aggregate(0, INT64_MAX, {}, store.types()[0], by_name=True) for _ in range(5)])
+        for _ in range(4)]
+    real = store._reading
+
+    class Counting:
+        def acquire(self, timeout: float = -1) -> bool:
+            got = real.acquire(timeout=timeout)
+            if got:
+                inside[0] += 1
+                most[0] = max(most[0], inside[0])
+            return got
+
+        def release(self) -> None:
+            inside[0] -= 1
+            real.release()
+
+    store._reading = Counting()  # type: ignore[assignment]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert most[0] == 1 and inside[0] == 0

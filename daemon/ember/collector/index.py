@@ -10,7 +10,6 @@ beside the store (index_file.py).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import threading
 
@@ -160,7 +159,7 @@ class Index:
         sorted keys stay distinct, as index_file checks them)."""
         keys, once = np.unique(keys, return_index=True)
         stacks, tnames = stacks[once], [tnames[i] for i in once.tolist()]
-        with contextlib.closing(self.store.cursor()) as cur:
+        with self.store.reading() as cur:
             sids, bounds, frames = stack_frames(cur, np.unique(stacks))
         names, starts, recursive = self._paths(bounds, frames)
         # each leaf's stack among those read (in the store's order)

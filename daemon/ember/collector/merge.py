@@ -25,6 +25,7 @@ import numpy as np
 
 from ..errors import StorageError
 from ..httpserve import check_cancelled, on_cancel
+from ..model import ProfileType
 from .leaves import raw_sums
 from .matchers import Matchers
 from .rollup import runs
@@ -71,12 +72,21 @@ def aggregate(store: Store, start_ns: int, end_ns: int, matchers: Matchers, type
     if found is None or not shapes:
         return None
     clause, args = found
+    with store.reading() as cur:
+        return _aggregate(cur, store, (start_ns, end_ns), clause, args, matched, shapes,
+                          by_name, value, upto, gained, ended_before)
+
+
+def _aggregate(cur: duckdb.DuckDBPyConnection, store: Store, span: tuple[int, int],
+               clause: str, args: list[Any], matched: list[int], shapes: list[ProfileType],
+               by_name: bool, value: int | None, upto: int | None,
+               gained: tuple[int, int] | None, ended_before: int | None) -> Aggregate | None:
+    start_ns, end_ns = span
     every_series = len(args) == 3
     shape = shapes[0]
     n = len(shape.sample_types)
     skipped: dict[str, int] = {}
     summed = [f"v{i}" for i in range(n) if value in (None, i)]
-    cur = store.cursor()
     try:
         cur.execute("BEGIN TRANSACTION")
         counted = cur.execute(_PROFILES.format("COUNT(*)") + ("" if every_series else _IN_SERIES),
@@ -123,7 +133,6 @@ def aggregate(store: Store, start_ns: int, end_ns: int, matchers: Matchers, type
     finally:
         with contextlib.suppress(duckdb.Error):
             cur.execute("ROLLBACK")
-        cur.close()
     cols = list(got.values())
     thread = stack = leaf = None
     if by_name:   # (the leaf ids name the pairs: store.leaves.pairs)

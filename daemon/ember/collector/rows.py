@@ -4,7 +4,6 @@ starts from)."""
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -134,7 +133,7 @@ def as_sent(store: Store, start_ns: int, end_ns: int, matchers: Matchers,
     extra = " AND series IN (SELECT unnest(?::UINTEGER[]))" if len(args) > (
         3 if type_ is not None else 2) else ""
     kind = " AND type_id = ?" if type_ is not None else ""
-    with contextlib.closing(store.cursor()) as cur:
+    with store.reading() as cur:
         profiles = cur.execute(
             "SELECT series, type, type_id, shape, time_ns, duration_ns, samples FROM "
             f"profiles WHERE time_ns < ? AND time_ns + duration_ns >= ?{kind}{extra} "

@@ -39,6 +39,7 @@ import numpy.typing as npt
 
 from ..encode.folded import clean
 from ..errors import StorageError
+from ..httpserve import check_cancelled
 from ..model import ProfileType
 from . import merge
 from .intern import Interner, Rows, ThreadKey, labels_json, series_id, thread_name_id, type_id
@@ -67,9 +68,10 @@ SIZE_FRESH_S = 1.0
 
 
 class Store:
-    def __init__(self, path: str | Path, memory_limit: str = "128MB"):
+    def __init__(self, path: str | Path, memory_limit: str = "64MB"):
         self.path = str(path)
         self._lock = threading.Lock()
+        self._reading = threading.Lock()   # one large read at a time (reading)
         self._queued = threading.Lock()  # guards _queue: writes waiting for the lock
         self._queue: list[Write] = []
         # bumped by every change: query caches key on it, and each sample row
@@ -96,7 +98,8 @@ class Store:
         try:
             self._db = duckdb.connect(self.path)
             # DuckDB's buffers (its cache of column blocks and the merges'
-            # tables): a fleet hour's merges run as fast at 128 MB as at 1 GB
+            # tables): a fleet hour's merges, one at a time (reading), run
+            # as fast at 64 MB as at 1 GB
             self._db.execute(f"SET memory_limit = '{self._memory_limit}'")
             self._db.execute("SET threads = 2")
             self._db.execute("SET preserve_insertion_order = false")
@@ -297,6 +300,25 @@ class Store:
         with self._lock:
             return self._db.cursor()
 
+    @contextlib.contextmanager
+    def reading(self) -> Iterator[duckdb.DuckDBPyConnection]:
+        """A cursor of its own for a large read (a merge, the index's
+        stacks, a range read back), while no other large read runs: one at
+        a time holds DuckDB within ``memory_limit`` (a fleet hour's merge
+        into 800,000 leaves holds tens of MB while it runs, and two at once
+        failed at 64 MB), and on two cores two merges at once are no
+        faster. A request whose client left stops waiting."""
+        cur = self.cursor()
+        try:
+            while not self._reading.acquire(timeout=0.05):
+                check_cancelled()
+            try:
+                yield cur
+            finally:
+                self._reading.release()
+        finally:
+            cur.close()
+
     def aggregate(self, start_ns: int, end_ns: int, matchers: Matchers,
                   type_: str, by_name: bool = False, value: int | None = None,
                   upto: int | None = None, gained: tuple[int, int] | None = None,
@@ -341,8 +363,10 @@ class Store:
     def stored_leaves(self) -> npt.NDArray[np.uint32]:
         """The leaf id of every (thread name, stack) some sample row holds."""
         try:
-            with contextlib.closing(self.cursor()) as cur:
-                got = cur.execute("SELECT DISTINCT leaf FROM samples").fetchnumpy()
+            with self.reading() as cur:
+                # (grouped by the leaf id, DuckDB keeps an array per id: DISTINCT
+                # hashed them and needed more than 64 MB for a fleet hour)
+                got = cur.execute("SELECT leaf FROM samples GROUP BY leaf").fetchnumpy()
         except duckdb.Error as exc:
             raise StorageError(f"query failed: {exc}") from None
         return np.asarray(got["leaf"], np.uint32)
@@ -390,9 +414,10 @@ class Store:
                 if not todo:
                     continue
                 generation = self.generation + 1
-                self._db.execute("BEGIN TRANSACTION")
-                seal(self._db, tid, todo[0], generation)
-                self._db.execute("COMMIT")
+                with self._reading:   # (a large read too)
+                    self._db.execute("BEGIN TRANSACTION")
+                    seal(self._db, tid, todo[0], generation)
+                    self._db.execute("COMMIT")
                 self.generation = generation
                 self.seals.sealed(tid, todo[0], generation)
                 return True
