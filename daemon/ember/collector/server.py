@@ -332,19 +332,30 @@ class Collector:
                            on_reply=lambda code: self.metrics.queries.labels(str(code)).inc())
 
 
-#: glibc's mallopt parameter for the most heaps (arenas) threads get
-M_ARENA_MAX = -8
+#: glibc's mallopt parameters: the most heaps (arenas) threads get, and the
+#: size from which an allocation is mapped on its own (and unmapped when freed)
+M_ARENA_MAX, M_MMAP_THRESHOLD = -8, -3
+#: Arrays the size of a fleet hour's index (800,000 nodes: 3-6 MB) and up
+MMAP_FROM = 4 << 20
 
 
 def few_heaps() -> None:
-    """At most two malloc heaps, set before the collector's threads start.
+    """At most two malloc heaps, and arrays of MMAP_FROM bytes and more
+    mapped on their own, set before the collector's threads start.
+
     glibc gives threads heaps of their own (up to eight per core), and each
     keeps the large arrays its merges freed: on the fleet hour with 8
     clients, peak RSS 836 MB with the default, 674 MB with two; p99 90 vs
-    95 ms (bench/store_engine.py). Fixing the mmap threshold as well (so
-    large arrays always go back at once) gave 636 MB but p99 201 ms."""
+    95 ms (bench/store_engine.py). glibc also raises its mmap threshold to
+    the size of each mapped block freed, so the views' index-sized arrays
+    soon came from the heap and left it fragmented: fixed at 4 MB, peak RSS
+    551 -> 471 MB (p99 310-332 -> 266-379 ms, within this machine's drift).
+    A fixed threshold of glibc's 128 KB default had cost p99 201 ms where
+    95 were measured before, when views were made together."""
     with contextlib.suppress(OSError, AttributeError):   # not glibc
-        ctypes.CDLL("libc.so.6").mallopt(M_ARENA_MAX, 2)
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt(M_ARENA_MAX, 2)
+        libc.mallopt(M_MMAP_THRESHOLD, MMAP_FROM)
 
 
 def _trim_heap() -> None:
