@@ -416,7 +416,8 @@ class Store:
                 generation = self.generation + 1
                 with self._reading:   # (a large read too)
                     self._db.execute("BEGIN TRANSACTION")
-                    seal(self._db, tid, todo[0], generation)
+                    seal(self._db, tid, todo[0], generation,
+                         len(shapes[0][1].sample_types))
                     self._db.execute("COMMIT")
                 self.generation = generation
                 self.seals.sealed(tid, todo[0], generation)
