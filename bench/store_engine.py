@@ -69,11 +69,12 @@ def fetch(u: str) -> float:
     return time.perf_counter() - began
 
 
-def wait_sealed(port: int, still_s: float = 5.0) -> int:
+def wait_sealed(port: int, still_s: float = 5.0, most_s: float = 300) -> int:
     """The collector's blocks sealed once the count stays the same for
-    ``still_s`` (it seals the closed blocks one at a time as it starts)."""
-    last, since = -1, time.monotonic()
-    while True:
+    ``still_s`` (it seals the closed blocks one at a time as it starts),
+    or after ``most_s`` (sealing failed: the collector logs why)."""
+    last, since, give_up = -1, time.monotonic(), time.monotonic() + most_s
+    while time.monotonic() < give_up:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=60) as r:
             text = r.read().decode()
         n = sum(int(float(line.split()[-1])) for line in text.splitlines()
@@ -83,6 +84,7 @@ def wait_sealed(port: int, still_s: float = 5.0) -> int:
         elif n and time.monotonic() - since >= still_s:
             return n
         time.sleep(0.5)
+    return last
 
 
 def fleet_requests(hosts: int, at_ns: int, rng: random.Random,
