@@ -8,6 +8,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from ember.collector.api import Api
@@ -189,3 +190,32 @@ def test_routes_answer_without_a_collector(tmp_path: Path) -> None:
         assert api.handle("/healthz", {})[0] == 404  # the Collector's, not the API's
     finally:
         api.store.close()
+
+
+@pytest.mark.parametrize("big", [False, True])
+def test_the_timeline_puts_each_profile_in_its_bucket_and_series(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, big: bool) -> None:
+    """The timeline against a loop over the profiles: profiles starting
+    before the range go to the first bucket, sums past int64 stay exact."""
+    rng = np.random.default_rng(5)
+    n, start, end = 3000, 10**12, 10**12 + 3600 * 10**9
+    times = rng.integers(start - 60 * 10**9, end, n)
+    sids = rng.integers(0, 40, n)
+    samples = rng.integers(0, 1 << 62 if big else 1000, n)
+    hosts = {s: {"host": f"h{s % 7}"} if s % 5 else {} for s in range(40)}
+    api = Api(Store(tmp_path / "db.duckdb"))
+    monkeypatch.setattr(api.store, "timeline", lambda *a: (times, sids, samples))
+    monkeypatch.setattr(api.store, "series_labels", lambda num: hosts[num])
+    code, body, _ = api.handle("/api/v1/timeline", {"from": [str(start)], "to": [str(end)],
+                                                    "buckets": ["37"], "by": ["host"]})
+    assert code == 200
+    got = json.loads(body)
+    width = (end - start) / 37
+    want: dict[str, list[int]] = {}
+    for t, s, v in zip(times.tolist(), sids.tolist(), samples.tolist(), strict=True):
+        row = want.setdefault(hosts[s].get("host", ""), [0] * 37)
+        row[min(36, max(0, int((t - start) / width)))] += v
+    assert got["series"] == [{"value": k, "values": v} for k, v in sorted(want.items())]
+    assert got["values"] == [sum(c) for c in zip(*want.values(), strict=True)]
+    assert (max(got["values"]) >= 1 << 63) == big
+    api.store.close()

@@ -34,6 +34,8 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import unquote
 
+import numpy as np
+
 from ..config import parse_duration
 from ..flamegraph.graphs import diff_graph, graph, hotcold_graph
 from ..flamegraph.inputs import Stacks
@@ -358,21 +360,31 @@ class Api:
         n = _int(q, "buckets", 60, 1, MAX_BUCKETS, "a number of buckets")
         by = _param(q, "by", "")
         width = (end - start) / n
-        series: dict[str, list[int]] = {}
-        for time_ns, sid, samples in self.store.timeline(start, end, matchers,
-                                                         TYPE_ALIASES.get(type_, type_)):
-            check_cancelled()
-            key = self.store.series_labels(sid).get(by, "") if by else ""
-            buckets = series.get(key)
-            if buckets is None:
-                buckets = series[key] = [0] * n
-            i = int((time_ns - start) / width)
-            buckets[min(n - 1, max(0, i))] += samples
+        times, sids, samples = self.store.timeline(start, end, matchers,
+                                                   TYPE_ALIASES.get(type_, type_))
+        # each profile's bucket, and the key of its series (its ``by`` label)
+        bucket = np.clip(((times - start) / width).astype(np.int64), 0, n - 1)
+        nums, of_series = np.unique(sids, return_inverse=True)
+        names = [self.store.series_labels(int(s)).get(by, "") if by else "" for s in nums]
+        keys = sorted(set(names))
+        row = np.searchsorted(np.array(keys, dtype=object), np.array(names, dtype=object)) \
+            if keys else np.zeros(0, np.int64)
+        grid = np.zeros((len(keys), n), np.int64)
+        if len(samples) and float(samples.astype(np.float64).sum()) < 2.0**62:
+            np.add.at(grid, (row[of_series.reshape(-1)], bucket), samples)
+            values = grid.tolist()
+        else:   # sums past int64: Python's integers
+            exact = [[0] * n for _ in keys]
+            for r, b, v in zip(row[of_series.reshape(-1)].tolist(), bucket.tolist(),
+                               samples.tolist(), strict=True):
+                exact[r][b] += v
+            values = exact
+        series = dict(zip(keys, values, strict=True))
         reply: dict[str, Any] = {"start": start, "end": end, "bucket_ns": width,
                                  "values": [sum(col) for col in zip(*series.values(),
                                                                     strict=True)]
                                  if series else [0] * n}
         if by:
             reply["by"] = by
-            reply["series"] = [{"value": k, "values": v} for k, v in sorted(series.items())]
+            reply["series"] = [{"value": k, "values": v} for k, v in series.items()]
         return _ok(reply)

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import duckdb
 import numpy as np
+import numpy.typing as npt
 
 from ..errors import StorageError
 from ..httpserve import check_cancelled, on_cancel
@@ -178,13 +179,15 @@ def _grouped(cur: duckdb.DuckDBPyConnection, store: Store, clause: str, args: li
 
 
 def timeline(store: Store, start_ns: int, end_ns: int, matchers: Matchers,
-             type_: str) -> list[tuple[int, int, int]]:
+             type_: str) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64],
+                                  npt.NDArray[np.int64]]:
     """Store.timeline."""
     found = where(store, start_ns, end_ns, store.series_matching(matchers), type_)
     if found is None:
-        return []
+        return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64)
     _, args = found
     with contextlib.closing(store.cursor()) as cur:
-        return [(int(t), int(s), int(n)) for t, s, n in cur.execute(
-            _PROFILES.format("time_ns, series, samples")
-            + (_IN_SERIES if len(args) > 3 else "") + " ORDER BY time_ns", args).fetchall()]
+        got = cur.execute(_PROFILES.format("time_ns, series, samples")
+                          + (_IN_SERIES if len(args) > 3 else ""), args).fetchnumpy()
+    return (np.asarray(got["time_ns"], np.int64), np.asarray(got["series"], np.int64),
+            np.asarray(got["samples"], np.int64))

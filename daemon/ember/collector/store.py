@@ -339,9 +339,11 @@ class Store:
         return merge.aggregate(self, start_ns, end_ns, matchers, type_, by_name, value, upto,
                                gained, ended_before)
 
-    def timeline(self, start_ns: int, end_ns: int, matchers: Matchers,
-                 type_: str) -> list[tuple[int, int, int]]:
-        """(time_ns, series number, samples) per stored profile of the range."""
+    def timeline(self, start_ns: int, end_ns: int, matchers: Matchers, type_: str
+                 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64],
+                            npt.NDArray[np.int64]]:
+        """(time_ns, series number, samples) of each stored profile of the
+        range, as arrays (in no order)."""
         return merge.timeline(self, start_ns, end_ns, matchers, type_)
 
     def series_count(self) -> int:
