@@ -38,18 +38,55 @@ def test_the_newest_entry_stays_however_large() -> None:
     assert cache.get(0, ("a",), lambda: b"made again") is big
 
 
-def test_a_newer_generation_drops_the_entries_a_write_made_unreachable() -> None:
+def test_a_newer_generation_of_a_query_drops_its_older_entry() -> None:
     cache: Cache[bytes] = Cache("collector_test", size=100, max_bytes=10_000, weigh=len)
     for q in ("tree", "top"):
         cache.get(1, (q,), lambda: bytes(100))
     assert cache._items.size_bytes() == 200
-    cache.get(2, ("tree",), lambda: bytes(100))    # after a write
-    assert [k for k, _ in cache._items.items()] == [(2, "tree")]
+    cache.get(2, ("tree",), lambda: bytes(100))    # after a write to what it reads
+    assert sorted(k for k, _ in cache._items.items()) == [(1, "top"), (2, "tree")]
     # a request that began before the write gets its answer, which is not kept
     late = b"of generation 1"
-    assert cache.get(1, ("top",), lambda: late) is late
-    assert [k for k, _ in cache._items.items()] == [(2, "tree")]
+    assert cache.get(1, ("tree",), lambda: late) is late
+    assert sorted(k for k, _ in cache._items.items()) == [(1, "top"), (2, "tree")]
     assert cache.get(2, ("tree",), lambda: b"made again") == bytes(100)
+    assert cache.get(1, ("top",), lambda: b"made again") == bytes(100)
+
+
+def test_a_write_leaves_the_answers_about_other_series_as_they_were(tmp_path: Path) -> None:
+    """Store.generation_of: the tree and answer of one host are made again
+    after a write to that host or a deletion, not after a write to another."""
+    c = Collector(CollectorConfig(storage=str(tmp_path / "db.duckdb")))
+    try:
+        t0 = (time.time_ns() // S - 600) * S
+        rng = random.Random(3)
+        for at in (0, 20):
+            write_fleet(c.store, rng, t0 + at * S, pids=(10, 11))   # hosts h0 and h1
+        merged: list[str] = []
+        c.api.windows.on_tree = merged.append
+        q = {"from": [str(t0 - S)], "to": [str(t0 + 100 * S)]}
+        views = [("/api/v1/tree", {**q, "match": ["host=h0"]}),
+                 ("/api/v1/top", {**q, "match": ["host=h1"]})]
+
+        def ask() -> list[bytes]:
+            out = []
+            for path, query in views:
+                code, body, _ = c.api.handle(path, query)
+                assert code == 200, body
+                out.append(body)
+            return out
+        first = ask()
+        assert len(merged) == 2
+        write_fleet(c.store, rng, t0 + 10 * S, pids=(13,))   # host h1 only
+        again = ask()
+        assert len(merged) == 3 and again[0] == first[0] and again[1] != first[1]
+        assert ask() == again and len(merged) == 3
+        with c.store._writing("test"):
+            c.store._delete_before(t0 + 5 * S)
+        ask()
+        assert len(merged) == 5
+    finally:
+        c.close()
 
 
 def test_one_entry_is_made_once_for_requests_at_once() -> None:

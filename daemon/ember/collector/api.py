@@ -183,10 +183,10 @@ class Api:
         kept for it name the same seconds. A tree is cached, but drawing
         5,000 of its nodes as JSON or its table costs tens of milliseconds
         of Python each time, and viewers of one range ask alike."""
-        start, end, _ = _select(q)
+        start, end, matchers = _select(q)
         asked = {k: v for k, v in q.items() if k not in ("since", "from", "to")}
         key = (path, start, end, tuple(sorted((k, tuple(v)) for k, v in asked.items())))
-        reply = self.rendered.get(self.store.generation, key,
+        reply = self.rendered.get(self._generation_of(matchers), key,
                                   lambda: self._one_at_a_time(route, {**asked,
                                                               "from": [str(start)],
                                                               "to": [str(end)]}))
@@ -206,6 +206,10 @@ class Api:
             return route(q)
         finally:
             self._making.release()
+
+    def _generation_of(self, matchers: Selector) -> int:
+        """The generation an answer about these series is of (caches key on it)."""
+        return self.store.generation_of(self.store.series_matching(matchers))
 
     def _route(self, path: str) -> Route | None:
         """The table's route, or the one route with a name in its path."""
@@ -265,7 +269,7 @@ class Api:
             return self.windows.tree(self.store, (stored, matchers.key(), folded), stored,
                                      matchers, start, end, build)
 
-        tree = self.cache.get(self.store.generation, key, make)
+        tree = self.cache.get(self._generation_of(matchers), key, make)
         if tree is None:
             raise LookupError("no profiles match")
         return tree

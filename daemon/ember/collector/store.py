@@ -78,6 +78,8 @@ class Store:
         # keeps the generation of the write that stored it (``written``)
         self.generation = 0
         self._deleted = 0       # the generation of the last deletion
+        self._written: dict[int, int] = {}   # series number -> the generation last writing it
+        self._last_written = 0               # ... any series
         self._sized, self._grown = (-SIZE_FRESH_S, 0), 0    # size_bytes: (when, bytes)
         self.interner = Interner()
         self._series_labels: dict[int, dict[str, str]] = {}   # by series number
@@ -252,6 +254,10 @@ class Store:
             self._note_type(sp.type, type_id(sp.type), shape)
         if meta:
             self.generation += 1
+            for num in set(np.unique(cols["series"]).tolist()) | set(
+                    numbered.profile_series.tolist()):
+                self._written[num] = self.generation
+            self._last_written = self.generation
         self._grown += incoming
         return True
 
@@ -278,6 +284,19 @@ class Store:
         (collector/matchers.py)."""
         sel = selector(matchers)
         return [sid for sid, labels in self._series_labels.items() if sel.holds(labels)]
+
+    def generation_of(self, series: Sequence[int]) -> int:
+        """The newest generation that changed what these series (numbers)
+        hold: the last write to one of them, or a deletion (of any, or the
+        store's opening). Query caches key on it, so a write to one host
+        leaves the answers about the others as they were (a roll-up changes
+        no answer: it bumps the store's generation, not this)."""
+        if len(series) >= len(self._series_labels):
+            newest = self._last_written
+        else:
+            written = self._written
+            newest = max((written.get(s, 0) for s in series), default=0)
+        return max(newest, self._deleted)
 
     def deleted_since(self, generation: int) -> bool:
         """Whether rows were deleted after ``generation`` (or this store
