@@ -27,7 +27,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -51,12 +50,14 @@ from .rows import Aggregate, Row, StoredProfile, Write, as_sent, rows_of
 from .tables import (
     check_disk,
     create_or_upgrade,
+    delete_before,
     frame_of_row,
     insert,
     one,
     shape_of,
     stack_frames,
     storage_error,
+    used_bytes,
 )
 
 __all__ = ["Aggregate", "Row", "Store", "StoredProfile"]
@@ -383,14 +384,7 @@ class Store:
 
     def stored_leaves(self) -> npt.NDArray[np.uint32]:
         """The leaf id of every (thread name, stack) some sample row holds."""
-        try:
-            with self.reading() as cur:
-                # (grouped by the leaf id, DuckDB keeps an array per id: DISTINCT
-                # hashed them and needed more than 64 MB for a fleet hour)
-                got = cur.execute("SELECT leaf FROM samples GROUP BY leaf").fetchnumpy()
-        except duckdb.Error as exc:
-            raise StorageError(f"query failed: {exc}") from None
-        return np.asarray(got["leaf"], np.uint32)
+        return merge.stored_leaves(self)
 
     def label_names(self) -> list[str]:
         return sorted({k for labels in self._series_labels.values() for k in labels})
@@ -464,16 +458,8 @@ class Store:
             return self._make_room(max_bytes, incoming)
 
     def _delete_before(self, cutoff: int) -> int:
-        n = int(one(self._db.execute("SELECT COUNT(*) FROM profiles WHERE time_ns < ?",
-                                      (cutoff,))))
+        n = delete_before(self._db, cutoff)
         if n:
-            self._db.execute("BEGIN TRANSACTION")
-            self._db.execute("DELETE FROM samples WHERE time_ns < ?", (cutoff,))
-            self._db.execute("DELETE FROM profiles WHERE time_ns < ?", (cutoff,))
-            # the blocks that lost rows: sealed again from what is left
-            self._db.execute("DELETE FROM rollups WHERE block < ?", (cutoff,))
-            self._db.execute("DELETE FROM seals WHERE block < ?", (cutoff,))
-            self._db.execute("COMMIT")
             self.seals.forget_before(cutoff)
             self._db.execute("CHECKPOINT")
             self.generation += 1
@@ -498,12 +484,7 @@ class Store:
 
     def _size(self) -> int:
         """size_bytes, under the lock."""
-        row = self._db.execute("PRAGMA database_size").fetchone()
-        used = int(row[2]) * int(row[4]) if row else 0
-        if self.path != ":memory:":
-            with contextlib.suppress(OSError):
-                used += os.stat(self.path + ".wal").st_size
-        return used
+        return used_bytes(self._db, self.path)
 
     @contextlib.contextmanager
     def _writing(self, what: str) -> Iterator[None]:

@@ -250,3 +250,27 @@ def stack_frames(cur: duckdb.DuckDBPyConnection, ids: npt.NDArray[np.uint64]) ->
     np.cumsum(np.fromiter((len(b) for b in blobs), np.int64, len(blobs)) // 8, out=bounds[1:])
     frames = np.frombuffer(b"".join(blobs), np.uint64) if len(blobs) else np.zeros(0, np.uint64)
     return np.asarray(got["id"], np.uint64), bounds, frames
+
+
+def used_bytes(db: duckdb.DuckDBPyConnection, path: str) -> int:
+    """The database's blocks in use and its write-ahead log, in bytes."""
+    row = db.execute("PRAGMA database_size").fetchone()
+    used = int(row[2]) * int(row[4]) if row else 0
+    if path != ":memory:":
+        with contextlib.suppress(OSError):
+            used += os.stat(path + ".wal").st_size
+    return used
+
+
+def delete_before(db: duckdb.DuckDBPyConnection, cutoff: int) -> int:
+    """Delete the profiles and rows older than ``cutoff`` (ns) in one
+    transaction, with the roll-ups of the blocks that lost rows (sealed
+    again from what is left); returns how many profiles."""
+    n = int(one(db.execute("SELECT COUNT(*) FROM profiles WHERE time_ns < ?", (cutoff,))))
+    if n:
+        db.execute("BEGIN TRANSACTION")
+        for table, column in (("samples", "time_ns"), ("profiles", "time_ns"),
+                              ("rollups", "block"), ("seals", "block")):
+            db.execute(f"DELETE FROM {table} WHERE {column} < ?", (cutoff,))
+        db.execute("COMMIT")
+    return n
