@@ -78,7 +78,7 @@ def check_tree(index: Index) -> None:
     parent, name, _, _ = index.arrays()
     n = len(parent)
     assert (parent[1:] < np.arange(1, n)).all() and (parent[1:] >= 0).all()
-    edges = parent[1:] << 32 | name[1:]
+    edges = parent[1:].astype(np.int64) << 32 | name[1:]
     assert len(np.unique(edges)) == n - 1, "a (parent, name) pair made twice"
     for node in random.Random(3).sample(range(1, n), min(n - 1, 200)):
         assert index.child(int(parent[node]), int(name[node])) == node

@@ -29,7 +29,7 @@ import numpy.typing as npt
 
 from ..flamegraph import svg
 from ..httpserve import check_cancelled
-from .index import Index
+from .index import Index, Nodes
 from .store import Aggregate
 
 #: How many nodes a pruned answer holds at most.
@@ -321,8 +321,7 @@ class Tree:
         return sandwich(self, name, max_nodes)
 
 
-def _totals(index: Index, self_w: npt.NDArray[Any],
-            parent: npt.NDArray[np.int64]) -> npt.NDArray[Any]:
+def _totals(index: Index, self_w: npt.NDArray[Any], parent: Nodes) -> npt.NDArray[Any]:
     """Each node's total: its self value and its descendants', one pass
     per depth from the leaves up."""
     n = len(self_w)
@@ -334,8 +333,8 @@ def _totals(index: Index, self_w: npt.NDArray[Any],
     return total
 
 
-def _add_up(total: npt.NDArray[np.int64], parent: npt.NDArray[np.int64],
-            nodes: npt.NDArray[np.int64], delta: npt.NDArray[np.int64]) -> None:
+def _add_up(total: npt.NDArray[np.int64], parent: Nodes, nodes: Nodes,
+            delta: npt.NDArray[np.int64]) -> None:
     """``delta`` added to the totals of ``nodes`` and of all their
     ancestors: a level per step, the nodes of a level made distinct first,
     so a slide costs what its rows touch, not a pass over the whole tree."""

@@ -25,6 +25,10 @@ from .tables import stack_frames
 
 #: Leaves added to the index at a time (a fleet hour's 800,000 in chunks).
 CHUNK = 50_000
+#: A node number, as the index's arrays hold it: 4 bytes, not 8 (a fleet
+#: hour's index: 58 -> 37 MB)
+NODE = np.int32
+Nodes = npt.NDArray[np.int32]
 
 
 class Index:
@@ -36,20 +40,20 @@ class Index:
         # the nodes, one entry each (the root: node 0); replaced, never
         # written in place, as nodes are added: an array a reader took stays
         # as it was (``arrays``)
-        self.parent = np.array([-1], np.int64)
-        self.name = np.array([0], np.int64)
-        self.depth = np.array([0], np.int64)
+        self.parent = np.array([-1], NODE)
+        self.name = np.array([0], NODE)
+        self.depth = np.array([0], NODE)
         self.recursive = np.zeros(1, np.bool_)  # the name is also an ancestor's (below threads)
         self.names = ["all"]
         self._name_ids = {"all": 0}
         self.kinds: dict[str, str] = {}
         # child node by parent << 32 | name id, as sorted arrays (a fleet's
         # hour has near a million nodes: as a dict they held 90 MB)
-        self._edges = (np.zeros(0, np.uint64), np.zeros(0, np.int64))
+        self._edges = (np.zeros(0, np.uint64), np.zeros(0, NODE))
         self._keys = np.zeros(0, np.uint64)       # sorted (thread name, stack) keys
-        self._leaves = np.zeros(0, np.int64)      # their nodes
-        self._by_leaf = np.zeros(0, np.int64)     # node by the store's leaf id (-1: not yet)
-        self._levels: list[npt.NDArray[np.int64]] = []
+        self._leaves = np.zeros(0, NODE)          # their nodes
+        self._by_leaf = np.zeros(0, NODE)         # node by the store's leaf id (-1: not yet)
+        self._levels: list[Nodes] = []
         self._levels_for = 0
         self._frame_names: dict[int, int] = {}
         self._json_names: dict[int, str] = {}
@@ -77,7 +81,7 @@ class Index:
         found = _search(self._edges, np.array([parent << 32 | nid], np.uint64))[0]
         return None if found < 0 else int(found)
 
-    def leaves(self, agg: Aggregate) -> npt.NDArray[np.int64]:
+    def leaves(self, agg: Aggregate) -> Nodes:
         """The node of each (thread name, stack) of an aggregate by name:
         by the store's leaf ids, one array lookup, once each id is known."""
         if agg.leaf is not None:
@@ -86,11 +90,11 @@ class Index:
             raise ValueError("an aggregate names its pairs by leaf ids or by ids")
         return self._ensure(agg.thread, agg.stack)
 
-    def _by_leaf_ids(self, ids: npt.NDArray[np.uint32]) -> npt.NDArray[np.int64]:
+    def _by_leaf_ids(self, ids: npt.NDArray[np.uint32]) -> Nodes:
         leaf = ids.astype(np.int64)
         with self._lock:
             by_leaf = self._by_leaf
-        nodes = np.full(len(leaf), -1, np.int64)
+        nodes = np.full(len(leaf), -1, NODE)
         inside = leaf < len(by_leaf)
         nodes[inside] = by_leaf[leaf[inside]]
         new = nodes < 0
@@ -99,14 +103,14 @@ class Index:
             with self._lock:
                 if len(self._by_leaf) <= int(leaf.max()):
                     grown = np.full(max(int(leaf.max()) + 1, 2 * len(self._by_leaf)), -1,
-                                    np.int64)
+                                    NODE)
                     grown[:len(self._by_leaf)] = self._by_leaf
                     self._by_leaf = grown
                 self._by_leaf[leaf[new]] = nodes[new]
         return nodes
 
     def _ensure(self, thread: npt.NDArray[np.uint64],
-                stack: npt.NDArray[np.uint64]) -> npt.NDArray[np.int64]:
+                stack: npt.NDArray[np.uint64]) -> Nodes:
         """The leaf node of each (thread name, stack), the new ones added
         ``CHUNK`` at a time: what adding needs on the way (the stacks'
         frames and names) stays small however many a query brings (the
@@ -138,10 +142,9 @@ class Index:
             self._by_leaf_ids(leaf[i:i + chunk])
         return len(leaf)
 
-    def _lookup(self, keys: npt.NDArray[np.uint64]) -> tuple[npt.NDArray[np.int64],
-                                                             npt.NDArray[np.bool_]]:
+    def _lookup(self, keys: npt.NDArray[np.uint64]) -> tuple[Nodes, npt.NDArray[np.bool_]]:
         if not len(self._keys):
-            return np.zeros(len(keys), np.int64), np.zeros(len(keys), bool)
+            return np.zeros(len(keys), NODE), np.zeros(len(keys), bool)
         order = np.argsort(keys)   # sorted queries search twice as fast
         pos = np.empty(len(keys), np.int64)
         pos[order] = np.searchsorted(self._keys, keys[order])
@@ -172,7 +175,7 @@ class Index:
         made = _Made(len(self.parent))
         # (a stack the store lacks has no frames: its leaf is its thread name)
         tids = np.fromiter(map(self._name_id, tnames), np.int64, len(tnames))
-        node = made.children(self._edges, np.zeros(len(tids), np.int64), tids,
+        node = made.children(self._edges, np.zeros(len(tids), NODE), tids,
                              np.zeros(len(tids), bool), 1)
         for level in range(int(length.max(initial=0))):
             on = np.flatnonzero(length > level)
@@ -226,19 +229,18 @@ class Index:
         recursive[order] = again
         return names, bounds, recursive
 
-    def levels(self) -> list[npt.NDArray[np.int64]]:
+    def levels(self) -> list[Nodes]:
         """Node indices by depth (index 0: the root)."""
         with self._lock:
             if self._levels_for != len(self.parent):
                 depth = self.depth
-                order = np.argsort(depth, kind="stable")
+                order = np.argsort(depth, kind="stable").astype(NODE)
                 bounds = np.searchsorted(depth[order], np.arange(int(depth.max()) + 2))
                 self._levels = [order[bounds[d]:bounds[d + 1]] for d in range(len(bounds) - 1)]
                 self._levels_for = len(self.parent)
             return self._levels
 
-    def arrays(self) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64],
-                              npt.NDArray[np.bool_], npt.NDArray[np.int64]]:
+    def arrays(self) -> tuple[Nodes, Nodes, npt.NDArray[np.bool_], Nodes]:
         """(parent, name id, recursive, depth) as arrays, the ones every
         tree made while the index has this size shares (nodes added later
         come in new arrays: the cached trees hold only their values)."""
@@ -246,14 +248,14 @@ class Index:
             return self.parent, self.name, self.recursive, self.depth
 
 
-def _search(edges: tuple[npt.NDArray[np.uint64], npt.NDArray[np.int64]],
-            keys: npt.NDArray[np.uint64]) -> npt.NDArray[np.int64]:
+def _search(edges: tuple[npt.NDArray[np.uint64], Nodes],
+            keys: npt.NDArray[np.uint64]) -> Nodes:
     """The child node of each parent << 32 | name key, -1 where none."""
     sorted_keys, nodes = edges
     if not len(sorted_keys):
-        return np.full(len(keys), -1, np.int64)
+        return np.full(len(keys), -1, NODE)
     at = np.searchsorted(sorted_keys, keys).clip(0, len(sorted_keys) - 1)
-    return np.where(sorted_keys[at] == keys, nodes[at], -1)
+    return np.where(sorted_keys[at] == keys, nodes[at], NODE(-1))
 
 
 class _Made:
@@ -263,12 +265,12 @@ class _Made:
     def __init__(self, base: int):
         self.base = base
         self.count = 0
-        self._parts: list[tuple[npt.NDArray[np.uint64], npt.NDArray[np.int64],
-                                npt.NDArray[np.int64], npt.NDArray[np.bool_], int]] = []
+        self._parts: list[tuple[npt.NDArray[np.uint64], Nodes, Nodes, npt.NDArray[np.bool_],
+                                int]] = []
 
-    def children(self, edges: tuple[npt.NDArray[np.uint64], npt.NDArray[np.int64]],
-                 parents: npt.NDArray[np.int64], names: npt.NDArray[np.int64],
-                 recursive: npt.NDArray[np.bool_], depth: int) -> npt.NDArray[np.int64]:
+    def children(self, edges: tuple[npt.NDArray[np.uint64], Nodes],
+                 parents: Nodes, names: npt.NDArray[np.int64],
+                 recursive: npt.NDArray[np.bool_], depth: int) -> Nodes:
         """The child named ``names[i]`` of each ``parents[i]`` (all of one
         depth), made where there is none. A parent made by this add has no
         child in ``edges`` yet, and no other level's pairs can be these."""
@@ -281,30 +283,28 @@ class _Made:
             ids = self.base + self.count + np.arange(len(new), dtype=np.int64)
             out[missing] = ids[which.reshape(-1)]
             at = missing[first]
-            self._parts.append((new, parents[at], names[at], recursive[at], depth))
+            self._parts.append((new, parents[at], names[at].astype(NODE), recursive[at], depth))
             self.count += len(new)
         return out
 
-    def nodes(self, parent: npt.NDArray[np.int64], name: npt.NDArray[np.int64],
-              depth: npt.NDArray[np.int64], recursive: npt.NDArray[np.bool_]
-              ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64],
-                         npt.NDArray[np.int64], npt.NDArray[np.bool_]]:
+    def nodes(self, parent: Nodes, name: Nodes, depth: Nodes, recursive: npt.NDArray[np.bool_]
+              ) -> tuple[Nodes, Nodes, Nodes, npt.NDArray[np.bool_]]:
         """The index's node arrays with these nodes after them (new arrays)."""
         if not self._parts:
             return parent, name, depth, recursive
         return (np.concatenate([parent, *(p[1] for p in self._parts)]),
                 np.concatenate([name, *(p[2] for p in self._parts)]),
-                np.concatenate([depth, *(np.full(len(p[0]), p[4], np.int64)
+                np.concatenate([depth, *(np.full(len(p[0]), p[4], NODE)
                                          for p in self._parts)]),
                 np.concatenate([recursive, *(p[3] for p in self._parts)]))
 
-    def edges(self, edges: tuple[npt.NDArray[np.uint64], npt.NDArray[np.int64]]
-              ) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.int64]]:
+    def edges(self, edges: tuple[npt.NDArray[np.uint64], Nodes]
+              ) -> tuple[npt.NDArray[np.uint64], Nodes]:
         """``edges`` with these nodes' (sorted arrays, new)."""
         if not self._parts:
             return edges
         new = np.concatenate([p[0] for p in self._parts])
-        nodes = self.base + np.arange(len(new), dtype=np.int64)
+        nodes = (self.base + np.arange(len(new), dtype=np.int64)).astype(NODE)
         order = np.argsort(new)
         new, nodes = new[order], nodes[order]
         at = np.searchsorted(edges[0], new)

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from .index import Index
+from .index import NODE, Index
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +51,7 @@ def save(index: Index, path: Path) -> int:
             "recursive": np.array(index.recursive, np.int8),
             "names": np.frombuffer(json.dumps(index.names).encode(), np.uint8),
             "kinds": np.frombuffer(json.dumps(index.kinds).encode(), np.uint8),
-            "keys": index._keys.copy(), "leaves": index._leaves.copy(),
+            "keys": index._keys.copy(), "leaves": index._leaves.astype(np.int64),
             "fids": fids, "fnames": fnames}
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "wb") as f:
@@ -85,17 +85,17 @@ def load(index: Index, path: Path) -> int:
     with index._lock:
         if len(index.parent) > 1:
             return 0
-        index.parent = parent.astype(np.int64)
-        index.name = name.astype(np.int64)
-        index.depth = got["depth"].astype(np.int64)
+        index.parent = parent.astype(NODE)
+        index.name = name.astype(NODE)
+        index.depth = got["depth"].astype(NODE)
         index.recursive = got["recursive"].astype(np.bool_)
         index.names = names
         index._name_ids = {n: i for i, n in enumerate(names)}
         index.kinds = {str(k): str(v) for k, v in kinds.items()}
-        edges = ((parent[1:] << 32) | name[1:]).astype(np.uint64)
+        edges = (parent[1:].astype(np.uint64) << np.uint64(32)) | name[1:].astype(np.uint64)
         order = np.argsort(edges)
-        index._edges = (edges[order], np.arange(1, len(parent), dtype=np.int64)[order])
-        index._keys, index._leaves = got["keys"], got["leaves"]
+        index._edges = (edges[order], np.arange(1, len(parent), dtype=NODE)[order])
+        index._keys, index._leaves = got["keys"], got["leaves"].astype(NODE)
         index._frame_names = dict(zip(got["fids"].tolist(), got["fnames"].tolist(), strict=True))
     return len(parent)
 
