@@ -121,6 +121,18 @@ def check_cancelled() -> None:
         raise Cancelled
 
 
+@contextlib.contextmanager
+def holding(lock: threading.Lock) -> Iterator[None]:
+    """``lock`` held for the block; a request whose client leaves while it
+    waits for the lock stops waiting (Cancelled)."""
+    while not lock.acquire(timeout=0.05):
+        check_cancelled()
+    try:
+        yield
+    finally:
+        lock.release()
+
+
 class Server:
     """A running HTTP server: ``server_address`` (host, port) as bound, and
     ``shutdown()`` / ``server_close()``, the names callers of the standard

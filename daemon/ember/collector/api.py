@@ -39,7 +39,7 @@ import numpy as np
 from ..config import parse_duration
 from ..flamegraph.graphs import diff_graph, graph, hotcold_graph
 from ..flamegraph.inputs import Stacks
-from ..httpserve import Reply, check_cancelled
+from ..httpserve import Reply, holding
 from ..model import CPU, OFFCPU
 from .cache import Cache
 from .engine import DEFAULT_NODES, MAX_NODES, Tree, kinds_of
@@ -200,12 +200,8 @@ class Api:
         moment), and after a write every open view is made again at once;
         on two cores, made together they finish no sooner. A request whose
         client left stops waiting."""
-        while not self._making.acquire(timeout=0.05):
-            check_cancelled()
-        try:
+        with holding(self._making):
             return route(q)
-        finally:
-            self._making.release()
 
     def _generation_of(self, matchers: Selector) -> int:
         """The generation an answer about these series is of (caches key on it)."""

@@ -114,7 +114,7 @@ def _aggregate(cur: duckdb.DuckDBPyConnection, store: Store, span: tuple[int, in
             clause += " AND end_ns < ?"
             args = [*args, ended_before]
         with on_cancel(cur.interrupt):   # the client left: stop the merge
-            # a few series, or a window's edges (rollup.py: a slide's rows are
+            # a few series, or a window's edges (window.py: a slide's rows are
             # a write or two; DuckDB's grouping into 2^20 leaf ids costs 40-70
             # ms however few they are, summing them here 12-20)
             edges = gained is not None or ended_before is not None

@@ -38,7 +38,7 @@ import numpy.typing as npt
 
 from ..encode.folded import clean
 from ..errors import StorageError
-from ..httpserve import check_cancelled
+from ..httpserve import holding
 from ..model import ProfileType
 from . import merge
 from .intern import Interner, Rows, ThreadKey, labels_json, series_id, thread_name_id, type_id
@@ -328,16 +328,8 @@ class Store:
         into 800,000 leaves holds tens of MB while it runs, and two at once
         failed at 64 MB), and on two cores two merges at once are no
         faster. A request whose client left stops waiting."""
-        cur = self.cursor()
-        try:
-            while not self._reading.acquire(timeout=0.05):
-                check_cancelled()
-            try:
-                yield cur
-            finally:
-                self._reading.release()
-        finally:
-            cur.close()
+        with contextlib.closing(self.cursor()) as cur, holding(self._reading):
+            yield cur
 
     def aggregate(self, start_ns: int, end_ns: int, matchers: Matchers,
                   type_: str, by_name: bool = False, value: int | None = None,
