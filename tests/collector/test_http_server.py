@@ -8,7 +8,7 @@ import socket
 import ssl
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -18,7 +18,7 @@ from ember.collector.server import Collector
 from ember.collector.store import Aggregate, Store
 from ember.collector.validate import DEFAULT_LIMITS, INT64_MAX, check_request
 from ember.config import CollectorConfig
-from ember.httpserve import Cancelled, Reply, serve
+from ember.httpserve import Cancelled, Reply, Router, serve
 from ember.proto import profilestore_pb2 as ps
 from tests.support.collector import series
 from tests.support.net import ask_and_leave
@@ -63,6 +63,19 @@ def test_idle_connections_hold_up_neither_api_nor_ui(tmp_path: Path) -> None:
         c.close()
 
 
+def recording_cancel(work: Callable[[], None], stopped: Callable[[], object]) -> Router:
+    """A route that does ``work`` and answers; ``stopped`` is called when
+    the work ends with Cancelled (which the route passes on)."""
+    def route(path: str, query: dict[str, list[str]], auth: str) -> Reply:
+        try:
+            work()
+        except Cancelled:
+            stopped()
+            raise
+        return 200, b"merged", "text/plain"
+    return route
+
+
 @pytest.fixture
 def stored(tmp_path: Path) -> Iterator[tuple[Store, Aggregate]]:
     store = Store(tmp_path / "db.duckdb")
@@ -79,21 +92,16 @@ def test_a_query_whose_client_left_stops_merging(stored: tuple[Store, Aggregate]
     merged = 0
     stopped = threading.Event()
 
-    def route(path: str, query: dict[str, list[str]], auth: str) -> Reply:
+    def merge() -> None:
         """Merges for 10 s, as a query over a long range would."""
         nonlocal merged
         give_up = time.monotonic() + 10
-        try:
-            while time.monotonic() < give_up:
-                profile_of(store, agg, 0, INT64_MAX)
-                merged += 1
-                time.sleep(0.001)
-        except Cancelled:
-            stopped.set()
-            raise
-        return 200, b"merged", "text/plain"
+        while time.monotonic() < give_up:
+            profile_of(store, agg, 0, INT64_MAX)
+            merged += 1
+            time.sleep(0.001)
 
-    s = serve("127.0.0.1:0", route, "test")
+    s = serve("127.0.0.1:0", recording_cancel(merge, stopped.set), "test")
     try:
         # the query was running when the client left
         assert ask_and_leave(s.server_address[1], "/api/v1/profile", lambda: merged >= 10)
@@ -110,19 +118,15 @@ def test_a_merge_whose_client_left_is_stopped_in_the_store(
     merged = 0
     stopped: list[str] = []
 
-    def route(path: str, query: dict[str, list[str]], auth: str) -> Reply:
+    def merge() -> None:
         nonlocal merged
         give_up = time.monotonic() + 20
-        try:
-            while time.monotonic() < give_up:
-                store.aggregate(0, INT64_MAX, {}, store.types()[0], by_name=True)
-                merged += 1
-        except Cancelled:
-            stopped.append("cancelled")
-            raise
-        return 200, b"merged", "text/plain"
+        while time.monotonic() < give_up:
+            store.aggregate(0, INT64_MAX, {}, store.types()[0], by_name=True)
+            merged += 1
 
-    s = serve("127.0.0.1:0", route, "test")
+    s = serve("127.0.0.1:0", recording_cancel(merge, lambda: stopped.append("cancelled")),
+              "test")
     try:
         assert ask_and_leave(s.server_address[1], "/api/v1/tree", lambda: merged >= 10)
         assert wait_for(lambda: stopped, 10, every=0.01)
@@ -152,16 +156,11 @@ def test_large_reads_run_one_at_a_time_and_a_waiter_whose_client_left_stops(
     holder.start()
     assert wait_for(lambda: inside[0] == 1)
 
-    def route(path: str, query: dict[str, list[str]], auth: str) -> Reply:
+    def merge() -> None:
         waited.append(1)
-        try:
-            store.aggregate(0, INT64_MAX, {}, store.types()[0], by_name=True)
-        except Cancelled:
-            stopped.set()
-            raise
-        return 200, b"merged", "text/plain"
+        store.aggregate(0, INT64_MAX, {}, store.types()[0], by_name=True)
 
-    s = serve("127.0.0.1:0", route, "test")
+    s = serve("127.0.0.1:0", recording_cancel(merge, stopped.set), "test")
     try:
         assert ask_and_leave(s.server_address[1], "/api/v1/tree", lambda: bool(waited))
         assert stopped.wait(5)          # gave up waiting: the holder still reads
