@@ -446,9 +446,9 @@ class CollectorMetrics:
         self.cache_evictions = Counter("ember_collector_cache_evictions_total", "Entries a query "
                                        "API cache gave up to stay within its bound", ["cache"],
                                        registry=r)
-        self.sealed = Counter("ember_collector_blocks_sealed_total", "Five-minute blocks of "
-                              "a profile type summed into roll-ups (merges of every series read "
-                              "them)", registry=r)
+        self.sealed = Counter("ember_collector_blocks_sealed_total", "Blocks of a profile type "
+                              "(five minutes, 30 minutes, three hours) summed into roll-ups "
+                              "(merges of every series read them)", registry=r)
 
 
 def reference() -> str:

@@ -11,12 +11,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import duckdb
 import pytest
 
 from ember.collector import merge, rollup, server
 from ember.collector.api import Api
 from ember.collector.matchers import selector
-from ember.collector.rollup import BLOCK_NS
+from ember.collector.rollup import BLOCK_NS, GRACE_NS, SPANS_NS
 from ember.collector.server import Collector
 from ember.collector.store import Store
 from ember.config import CollectorConfig
@@ -72,17 +73,25 @@ def views(store: Store, monkeypatch: pytest.MonkeyPatch, rolled: bool) -> list[A
         return out
 
 
-def used(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Records how many blocks each merge read from roll-ups."""
+def used(monkeypatch: pytest.MonkeyPatch, spans: list[set[int]] | None = None) -> list[int]:
+    """Records how much of each merge was read from roll-ups, in
+    five-minute blocks (and in ``spans`` the lengths of the blocks read)."""
     seen: list[int] = []
     real = merge.runs
 
-    def counting(*a: Any) -> list[tuple[int, int]]:
+    def counting(*a: Any) -> list[tuple[int, int, int]]:
         got = real(*a)
-        seen.append(sum((e - b) // BLOCK_NS for b, e in got))
+        seen.append(sum((e - b) // BLOCK_NS for _, b, e in got))
+        if spans is not None:
+            spans.append({s for s, _, _ in got})
         return got
     monkeypatch.setattr(merge, "runs", counting)
     return seen
+
+
+def seals_of(store: Store, span: int) -> set[int]:
+    return {b for s, b in store.seals.blocks(store.type_id(store.types()[0]) or 0)
+            if s == span}
 
 
 def test_sealed_blocks_answer_as_the_rows(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -96,12 +105,20 @@ def test_sealed_blocks_answer_as_the_rows(store: Store, monkeypatch: pytest.Monk
     assert not store.seal(FAR)
     with store.cursor() as cur:
         assert cur.execute("SELECT COUNT(*) FROM seals").fetchone() == (n + 2,)
-        rolled_rows, = cur.execute("SELECT COUNT(*) FROM rollups").fetchone()
+        rolled_rows, = cur.execute("SELECT COUNT(*) FROM rollups WHERE span = ?",
+                                   (BLOCK_NS,)).fetchone()
         rows, = cur.execute("SELECT COUNT(*) FROM samples").fetchone()
     assert 0 < rolled_rows < rows
-    seen = used(monkeypatch)
+    # 30 minutes from T0, 16 minutes into a half hour: two half hours, one
+    # block of three hours, each summed from the shorter blocks in it
+    times = [T0 + at * S for at in range(0, 30 * 60, 40)]
+    for span in SPANS_NS:
+        assert seals_of(store, span) == {t // span * span for t in times}
+    spans: list[set[int]] = []
+    seen = used(monkeypatch, spans)
     assert views(store, monkeypatch, rolled=True) == raw
     assert max(seen) >= 5                      # the whole range: its blocks rolled
+    assert set().union(*spans) == set(SPANS_NS)    # (the whole range: 3 h)
     # a merge of some series reads their rows, never a roll-up
     seen.clear()
     agg = store.aggregate(0, FAR, selector(["host=h1"]), store.types()[0], by_name=True)
@@ -123,6 +140,9 @@ def test_late_rows_into_sealed_blocks_are_added(store: Store,
                            (sealed_at,)).fetchone()
         assert cur.execute("SELECT COUNT(*) FROM rollups").fetchone()[0] > before
     assert late is not None and late[0] > 0 and late[1] == sealed_at + 1
+    with store.cursor() as cur:   # added to the sealed blocks of every length
+        assert {s for s, in cur.execute("SELECT DISTINCT span FROM rollups WHERE written > ?",
+                                        (sealed_at,)).fetchall()} == set(SPANS_NS)
     assert views(store, monkeypatch, rolled=True) == views(store, monkeypatch, rolled=False)
 
 
@@ -158,12 +178,15 @@ def test_retention_unseals_what_it_cuts(store: Store, monkeypatch: pytest.Monkey
     with store._writing("test"):
         store._delete_before(cut)
     left = set(store.seals.blocks(store.type_id(store.types()[0]) or 0))
-    assert left == {b for b in sealed if b >= cut} and len(left) < len(sealed)
+    assert left == {b for b in sealed if b[1] >= cut} and len(left) < len(sealed)
     with store.cursor() as cur:
         assert cur.execute("SELECT COUNT(*) FROM rollups WHERE block < ?",
                            (cut,)).fetchone() == (0,)
     assert views(store, monkeypatch, rolled=True) == views(store, monkeypatch, rolled=False)
-    assert seal_all(store) == 1                # the block cut: sealed again from what is left
+    # the blocks cut, of each length: sealed again from what is left
+    assert seal_all(store) == len(SPANS_NS)
+    assert set(store.seals.blocks(store.type_id(store.types()[0]) or 0)) == left | {
+        (span, cut // span * span) for span in SPANS_NS}
     assert views(store, monkeypatch, rolled=True) == views(store, monkeypatch, rolled=False)
 
 
@@ -203,14 +226,48 @@ def test_seals_survive_a_restart(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 
 def test_runs_are_the_blocks_wholly_inside_and_old_enough() -> None:
     b = 100 * BLOCK_NS
-    sealed = {b: 5, b + BLOCK_NS: 6, b + 2 * BLOCK_NS: 9, b + 4 * BLOCK_NS: 5}
-    assert rollup.runs(sealed, b, b + 5 * BLOCK_NS, None) == [
-        (b, b + 3 * BLOCK_NS), (b + 4 * BLOCK_NS, b + 5 * BLOCK_NS)]
-    assert rollup.runs(sealed, b, b + 5 * BLOCK_NS, 6) == [
-        (b, b + 2 * BLOCK_NS), (b + 4 * BLOCK_NS, b + 5 * BLOCK_NS)]
-    assert rollup.runs(sealed, b + 1, b + 5 * BLOCK_NS - 1, None) == [
-        (b + BLOCK_NS, b + 3 * BLOCK_NS)]
-    assert rollup.runs(sealed, b, b + BLOCK_NS - 1, None) == []
+    five = BLOCK_NS
+    sealed = {(five, b): 5, (five, b + five): 6, (five, b + 2 * five): 9, (five, b + 4 * five): 5}
+    assert rollup.runs(sealed, b, b + 5 * five, None) == [
+        (five, b, b + 3 * five), (five, b + 4 * five, b + 5 * five)]
+    assert rollup.runs(sealed, b, b + 5 * five, 6) == [
+        (five, b, b + 2 * five), (five, b + 4 * five, b + 5 * five)]
+    assert rollup.runs(sealed, b + 1, b + 5 * five - 1, None) == [
+        (five, b + five, b + 3 * five)]
+    assert rollup.runs(sealed, b, b + five - 1, None) == []
+
+
+def test_runs_take_the_longest_blocks_that_fit() -> None:
+    half, five = SPANS_NS[1], SPANS_NS[0]
+    h = 1000 * SPANS_NS[-1]                   # aligned to every length
+    sealed = {(five, h + i * five): 1 for i in range(18)}
+    sealed |= {(half, h): 2, (half, h + half): 3, (half, h + 2 * half): 4}
+    # [h + 10 min, h + 85 min): 5-min blocks, one half hour, 5-min blocks
+    assert rollup.runs(sealed, h + 2 * five, h + 17 * five, None) == [
+        (half, h + half, h + 2 * half), (five, h + 2 * half, h + 17 * five),
+        (five, h + 2 * five, h + half)]
+    # a tree older than the half hours' seals reads the shorter blocks
+    assert rollup.runs(sealed, h, h + 2 * half, 2) == [(half, h, h + half),
+                                                      (five, h + half, h + 2 * half)]
+    assert rollup.runs(sealed, h, h + 2 * half, 1) == [(five, h, h + 2 * half)]
+
+
+def test_a_longer_block_waits_for_the_shorter_ones_in_it(store: Store) -> None:
+    fill(store, random.Random(8), 30)
+    tid = store.type_id(store.types()[0]) or 0
+    half = SPANS_NS[1]
+    first = T0 // half * half
+    # at the end of T0's half hour (plus the grace): its five-minute blocks
+    # first, then the half hour itself, never before
+    now = first + half + GRACE_NS
+    order = []
+    while store.seal(now):
+        new = set(store.seals.blocks(tid)) - set(order)
+        order += sorted(new)
+    assert order[-1] == (half, first)
+    assert {b for s, b in order if s == BLOCK_NS} == {
+        t // BLOCK_NS * BLOCK_NS for t in range(T0, first + half, 40 * S)}
+    assert (SPANS_NS[2], T0 // SPANS_NS[2] * SPANS_NS[2]) not in order   # not closed
 
 
 def test_a_collector_rolls_up_closed_blocks_by_itself(
@@ -223,7 +280,12 @@ def test_a_collector_rolls_up_closed_blocks_by_itself(
     for t in starts:                        # 40 minutes ending 20 minutes ago
         write_fleet(store, rng, t)
     store.close()
-    blocks = len({t // BLOCK_NS for t in starts})   # all closed
+
+    def closed() -> int:
+        """The blocks of each length holding a profile and closed by now."""
+        by = time.time_ns() - GRACE_NS
+        return sum(len({t // span * span for t in starts if t // span * span + span <= by})
+                   for span in SPANS_NS)
     monkeypatch.setattr(server, "SEAL_PAUSE_S", 0.01)
     c = Collector(CollectorConfig(storage=str(path), grpc_listen="127.0.0.1:0",
                                   http_listen="127.0.0.1:0"))
@@ -232,9 +294,39 @@ def test_a_collector_rolls_up_closed_blocks_by_itself(
         def sealed() -> int:
             return len(c.store.seals.blocks(c.store.type_id(c.store.types()[0]) or 0))
 
-        assert wait_for(lambda: sealed() == blocks, 60), (sealed(), blocks)
-        assert wait_for(lambda: f"ember_collector_blocks_sealed_total {blocks}.0" in
+        assert wait_for(lambda: sealed() == closed(), 60), (sealed(), closed())
+        assert sealed() >= len({t // BLOCK_NS for t in starts})
+        assert wait_for(lambda: f"ember_collector_blocks_sealed_total {sealed()}.0" in
                         c.handle("/metrics", {}, "")[1].decode())
         assert not c.store.seal(time.time_ns())   # the collector left none
     finally:
         c.close()
+
+
+def test_a_store_sealed_before_blocks_had_lengths_keeps_its_seals(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "db.duckdb"
+    store = Store(path)
+    fill(store, random.Random(9), 20)
+    assert seal_all(store, now=T0 + 12 * 60 * S) == 2     # five-minute blocks only
+    sealed = set(store.seals.blocks(store.type_id(store.types()[0]) or 0))
+    with store.cursor() as cur:
+        rolled = cur.execute("SELECT * EXCLUDE (span) FROM rollups ORDER BY ALL").fetchall()
+    store.close()
+    with duckdb.connect(str(path)) as db:                 # as the collector before made them
+        for table in ("rollups", "seals"):
+            db.execute(f"ALTER TABLE {table} DROP COLUMN span")
+    store = Store(path)
+    try:
+        assert set(store.seals.blocks(store.type_id(store.types()[0]) or 0)) == sealed
+        with store.cursor() as cur:
+            assert cur.execute("SELECT * EXCLUDE (span) FROM rollups ORDER BY ALL"
+                               ).fetchall() == rolled
+            assert cur.execute("SELECT DISTINCT span FROM rollups").fetchall() == [(BLOCK_NS,)]
+        seen = used(monkeypatch)
+        assert views(store, monkeypatch, rolled=True) == views(store, monkeypatch, rolled=False)
+        assert max(seen) >= 1
+        assert seal_all(store) >= 3                       # and on from there
+        assert views(store, monkeypatch, rolled=True) == views(store, monkeypatch, rolled=False)
+    finally:
+        store.close()

@@ -6,8 +6,9 @@ Three ways to the same sums, chosen by what is asked:
 - a few of the series (a quarter or less, one host say), or the edges a
   window slides by (window.py): the rows are read and summed here
   (leaves.raw_sums), faster than DuckDB groups them;
-- every series of a type: the sealed five-minute blocks inside the range
-  are read from their roll-ups, the rest from the rows (rollup.py);
+- every series of a type: the sealed blocks inside the range (the longest
+  that fit) are read from their roll-ups, the rest from the rows
+  (rollup.py);
 - otherwise DuckDB groups the rows.
 
 Each runs in one read transaction, so what it reads (the profiles counted,
@@ -29,7 +30,7 @@ from ..httpserve import check_cancelled, on_cancel
 from ..model import ProfileType
 from .leaves import raw_sums
 from .matchers import Matchers
-from .rollup import runs
+from .rollup import capped_sum, runs
 from .rows import Aggregate
 from .tables import shape_json
 
@@ -152,30 +153,29 @@ def _grouped(cur: duckdb.DuckDBPyConnection, store: Store, clause: str, args: li
              span: tuple[int, int, int | None]) -> dict[str, Any]:
     """DuckDB's GROUP BY of the rows, with ``rolled`` the sealed blocks'
     roll-up rows in place of theirs (in the caller's transaction)."""
-    sums = ", ".join(f"least(greatest(sum({c}), {-(1 << 63)}), {(1 << 63) - 1})::BIGINT"
-                     for c in summed)
+    sums = ", ".join(capped_sum(c) for c in summed)
     who = "leaf" if by_name else "thread, leaf"
     blocks = []
     if rolled:
         start_ns, end_ns, upto = span
         type_id = args[2]
-        sealed = {int(b): int(w) for b, w in cur.execute(
-            "SELECT block, written FROM seals WHERE type = ? AND block >= ? AND block < ?",
-            (type_id, start_ns, end_ns)).fetchall()}
+        sealed = {(int(s), int(b)): int(w) for b, w, s in cur.execute(
+            "SELECT block, written, span FROM seals WHERE type = ? AND block >= ? "
+            "AND block < ?", (type_id, start_ns, end_ns)).fetchall()}
         blocks = runs(sealed, start_ns, end_ns, upto)
     if not blocks:
         return cur.execute(f"SELECT {who}, {sums} FROM samples WHERE {clause} GROUP BY {who}",
                            args).fetchnumpy()
-    inside = " OR ".join("(block >= ? AND block < ?)" for _ in blocks)
+    inside = " OR ".join("(span = ? AND block >= ? AND block < ?)" for _ in blocks)
     outside = " AND ".join("NOT (time_ns >= ? AND time_ns < ?)" for _ in blocks)
-    edges = [x for r in blocks for x in r]
     upto = span[2]
     cols = ", ".join(summed)
     return cur.execute(
         f"SELECT leaf, {sums} FROM (SELECT leaf, {cols} FROM rollups WHERE type = ? "
         f"AND ({inside}){' AND written <= ?' if upto is not None else ''} UNION ALL "
         f"SELECT leaf, {cols} FROM samples WHERE {clause} AND {outside}) GROUP BY leaf",
-        [args[2], *edges, *([upto] if upto is not None else []), *args, *edges]).fetchnumpy()
+        [args[2], *(x for r in blocks for x in r), *([upto] if upto is not None else []),
+         *args, *(x for r in blocks for x in r[1:])]).fetchnumpy()
 
 
 def timeline(store: Store, start_ns: int, end_ns: int, matchers: Matchers,

@@ -1,5 +1,6 @@
-"""Roll-ups: closed five-minute blocks of a type summed per leaf, so a merge
-of the whole fleet reads a third of the rows.
+"""Roll-ups: closed blocks of a type summed per leaf, at three lengths,
+so a merge of the whole fleet reads a few roll-up rows per leaf instead of
+every sample row.
 
 A fleet's hour is 25 million sample rows, and summing them per leaf costs
 DuckDB about 300 ms on a 2-core machine however they are filtered: the
@@ -7,22 +8,29 @@ grouping itself is the cost. A block of five minutes holds 1.9 million of
 them but only 620,000 distinct leaves, so once a block is closed (its end
 ``GRACE_NS`` behind) its rows of each type are summed per leaf into
 ``rollups`` and the block is marked in ``seals`` with the generation of
-that write. A merge over every series of a type then reads, for each block
-wholly inside its range, the block's roll-up rows instead of its sample
-rows (merge.py): the fleet hour merges in 110-150 ms instead of 260-390.
-A merge of some series (one host) reads their rows as before: a roll-up
-holds no series.
+that write. Leaves repeat from block to block: half an hour of the fleet
+holds 800,000 of them, not six times 620,000. So the roll-ups of six
+sealed five-minute blocks are summed again into one of 30 minutes, and
+six of those into one of three hours (``SPANS_NS``: each length a multiple
+of the one before, every block aligned to its length). A merge over every
+series of a type reads, for the range's inside, the longest sealed blocks
+that fit and shorter ones at its edges (``runs``), and the sample rows
+for the rest (merge.py). A merge of some series (one host) reads their
+rows as before: a roll-up holds no series.
 
-It stays exact whatever comes after the seal:
+It stays exact whatever comes after a seal:
 
 - a row written later into a sealed block (an agent's late retry) is also
-  added to the block's roll-up, in the same transaction, as rows of its
-  own generation (``written``); a tree of generation g reads the roll-up
-  rows written by g, as it reads the sample rows written by g, and the
-  seal's own rows are of the seal's generation, which a tree older than
-  the seal does not use (it reads that block's sample rows instead);
+  added to the roll-up of every sealed block holding it, in the same
+  transaction, as rows of its own generation (``written``); a tree of
+  generation g reads the roll-up rows written by g, as it reads the sample
+  rows written by g, and a seal's own rows are of the seal's generation,
+  which a tree older than the seal does not use (it reads shorter blocks,
+  or that block's sample rows, instead);
+- a longer block is sealed only once every shorter block in it that holds
+  profiles is: its sums are theirs, late rows included;
 - retention deletes the roll-ups and seals of the blocks it deletes rows
-  of (the oldest block partly: it is sealed again from what is left);
+  of (the oldest blocks partly: they are sealed again from what is left);
 - a type stored with two shapes (sample types, period) has its roll-ups
   dropped and is not sealed: its merges read one shape's rows, which a
   roll-up does not tell apart.
@@ -43,81 +51,111 @@ import numpy.typing as npt
 
 from .intern import MAX_VALUES
 
-#: A block's length: sealed blocks inside a range are read from their roll-ups.
-BLOCK_NS = 300 * 10**9
+_S = 10**9
+#: The blocks' lengths, shortest first: a block of the first sums sample
+#: rows, of each other the sealed blocks of the one before inside it.
+SPANS_NS = (300 * _S, 1800 * _S, 10800 * _S)
+BLOCK_NS = SPANS_NS[0]
 #: How long after its end a block is sealed: an agent ships every 10 s, so
-#: later rows come only from retries (added to the roll-up as they come).
-GRACE_NS = 60 * 10**9
+#: later rows come only from retries (added to the roll-ups as they come).
+GRACE_NS = 60 * _S
 #: At most this many runs of sealed blocks in one merge (the rest: sample rows).
-MAX_RUNS = 8
+MAX_RUNS = 12
 
 TABLES = f"""
 CREATE TABLE IF NOT EXISTS rollups (
     type UBIGINT, block BIGINT, leaf UINTEGER,
     {", ".join(f"v{i} BIGINT" for i in range(MAX_VALUES))},
-    written UBIGINT);                  -- the generation whose rows these sum
-CREATE TABLE IF NOT EXISTS seals (type UBIGINT, block BIGINT, written UBIGINT);
+    written UBIGINT,                   -- the generation whose rows these sum
+    span BIGINT DEFAULT {BLOCK_NS});   -- the block's length (ns)
+CREATE TABLE IF NOT EXISTS seals (type UBIGINT, block BIGINT, written UBIGINT,
+                                  span BIGINT DEFAULT {BLOCK_NS});
 """
 
+#: A sealed block: (span, start).
+Block = tuple[int, int]
+_INT64 = (-(1 << 63), (1 << 63) - 1)
 
-def block_of(time_ns: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
-    return time_ns // BLOCK_NS * BLOCK_NS
+
+def create(db: duckdb.DuckDBPyConnection) -> None:
+    """The tables, made where missing; those of a store made before blocks
+    had lengths hold five-minute blocks (a column added, in place)."""
+    db.execute(TABLES)
+    for table in ("rollups", "seals"):
+        if not db.execute("SELECT COUNT(*) FROM information_schema.columns WHERE "
+                          "table_name = ? AND column_name = 'span'", (table,)).fetchall()[0][0]:
+            db.execute(f"ALTER TABLE {table} ADD COLUMN span BIGINT DEFAULT {BLOCK_NS}")
+
+
+def capped_sum(column: str) -> str:
+    """SQL: the sum of a BIGINT column, saturated to BIGINT (never an error)."""
+    return f"least(greatest(sum({column}), {_INT64[0]}), {_INT64[1]})::BIGINT"
 
 
 class Seals:
-    """The sealed blocks of each type (type id -> block start -> the
+    """The sealed blocks of each type (type id -> (span, start) -> the
     generation of its seal), as the store holds them."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._sealed: dict[int, dict[int, int]] = {}
+        self._sealed: dict[int, dict[Block, int]] = {}
 
     def load(self, db: duckdb.DuckDBPyConnection) -> None:
-        sealed: dict[int, dict[int, int]] = {}
-        for t, b, w in db.execute("SELECT type, block, written FROM seals").fetchall():
-            sealed.setdefault(int(t), {})[int(b)] = int(w)
+        sealed: dict[int, dict[Block, int]] = {}
+        for t, b, w, span in db.execute("SELECT type, block, written, span FROM seals"
+                                        ).fetchall():
+            sealed.setdefault(int(t), {})[(int(span), int(b))] = int(w)
         with self._lock:
             self._sealed = sealed
 
     def any(self) -> bool:
         return bool(self._sealed)
 
-    def blocks(self, type_id: int) -> dict[int, int]:
+    def blocks(self, type_id: int) -> dict[Block, int]:
         with self._lock:
             return dict(self._sealed.get(type_id, {}))
 
     def late(self, cols: dict[str, Any]) -> dict[str, npt.NDArray[np.generic]] | None:
         """The roll-up rows a write adds to sealed blocks: its sample rows
-        (``cols``, with their ``written``) in one, summed per (type, block,
-        leaf); None when it has none."""
+        (``cols``, with their ``written``) in one, summed per (type, span,
+        block, leaf); None when it has none."""
         with self._lock:
             sealed = {t: set(b) for t, b in self._sealed.items() if b}
         if not sealed or not len(cols["leaf"]):
             return None
         types = np.asarray(cols["type"], np.uint64)
-        blocks = block_of(np.asarray(cols["time_ns"], np.int64))
-        inside = np.zeros(len(types), bool)
-        for t, bs in sealed.items():
-            of_type = types == np.uint64(t)
-            if of_type.any():
-                inside[of_type] = np.isin(blocks[of_type], np.fromiter(bs, np.int64, len(bs)))
-        if not inside.any():
+        time_ns = np.asarray(cols["time_ns"], np.int64)
+        leaf = np.asarray(cols["leaf"], np.int64)
+        keys = []
+        for span in SPANS_NS:
+            blocks = time_ns // span * span
+            inside = np.zeros(len(types), bool)
+            for t, bs in sealed.items():
+                starts = [b for s, b in bs if s == span]
+                of_type = types == np.uint64(t)
+                if starts and of_type.any():
+                    inside[of_type] = np.isin(blocks[of_type], np.array(starts, np.int64))
+            at = np.flatnonzero(inside)
+            if len(at):
+                keys.append((at, np.stack([types[at].view(np.int64), np.full(len(at), span),
+                                           blocks[at], leaf[at]], axis=1)))
+        if not keys:
             return None
-        keys = np.stack([types[inside].view(np.int64), blocks[inside],
-                         np.asarray(cols["leaf"], np.int64)[inside]], axis=1)
-        uniq, which = np.unique(keys, axis=0, return_inverse=True)
+        rows = np.concatenate([at for at, _ in keys])
+        uniq, which = np.unique(np.concatenate([k for _, k in keys]), axis=0,
+                                return_inverse=True)
         which = which.reshape(-1)
         out: dict[str, npt.NDArray[np.generic]] = {
-            "type": uniq[:, 0].view(np.uint64), "block": uniq[:, 1],
-            "leaf": uniq[:, 2].astype(np.uint32)}
+            "type": uniq[:, 0].view(np.uint64), "span": uniq[:, 1], "block": uniq[:, 2],
+            "leaf": uniq[:, 3].astype(np.uint32)}
         for i in range(MAX_VALUES):
             summed = np.zeros(len(uniq), np.int64)
-            np.add.at(summed, which, np.asarray(cols[f"v{i}"], np.int64)[inside])
+            np.add.at(summed, which, np.asarray(cols[f"v{i}"], np.int64)[rows])
             out[f"v{i}"] = summed
         out["written"] = np.full(len(uniq), int(np.asarray(cols["written"])[0]), np.uint64)
         return out
 
-    def sealed(self, type_id: int, block: int, generation: int) -> None:
+    def sealed(self, type_id: int, block: Block, generation: int) -> None:
         with self._lock:
             self._sealed.setdefault(type_id, {})[block] = generation
 
@@ -130,51 +168,79 @@ class Seals:
         """The seals of the blocks that start before ``before``."""
         with self._lock:
             for bs in self._sealed.values():
-                for b in [b for b in bs if b < before]:
+                for b in [b for b in bs if b[1] < before]:
                     del bs[b]
 
 
-def seal(db: duckdb.DuckDBPyConnection, type_id: int, block: int, generation: int,
+def seal(db: duckdb.DuckDBPyConnection, type_id: int, block: Block, generation: int,
          values: int = MAX_VALUES) -> None:
-    """Sum a block's sample rows of a type into roll-up rows of
-    ``generation`` and mark it sealed (in the caller's transaction).
+    """Sum a block into roll-up rows of ``generation`` and mark it sealed
+    (in the caller's transaction): a five-minute block from its sample rows
+    of a type, a longer one from the roll-ups of the shorter blocks in it.
     ``values``: the type's sample types (the other columns are 0)."""
-    sums = ", ".join(f"sum(v{i})" if i < values else "0" for i in range(MAX_VALUES))
+    span, start = block
+    sums = ", ".join(capped_sum(f"v{i}") if i < values else "0" for i in range(MAX_VALUES))
+    names = ", ".join(["type", "block", "leaf", *(f"v{i}" for i in range(MAX_VALUES)),
+                       "written", "span"])
     # grouped by the leaf alone, DuckDB sums into an array by id (in id
     # order): by (type, leaf) it hashed, and at 40 MB the seal failed. That
     # array is outside DuckDB's memory limit: for a fleet's block, 214 MB
     # more RSS for a moment with four sums, 118 with two
-    db.execute(f"INSERT INTO rollups SELECT ?, ?, leaf, {sums}, ? FROM samples "
-               "WHERE type = ? AND time_ns >= ? AND time_ns < ? GROUP BY leaf",
-               (type_id, block, generation, type_id, block, block + BLOCK_NS))
-    db.execute("INSERT INTO seals VALUES (?, ?, ?)", (type_id, block, generation))
+    if span == SPANS_NS[0]:
+        source, args = "samples WHERE type = ? AND time_ns >= ? AND time_ns < ?", [
+            type_id, start, start + span]
+    else:
+        source = "rollups WHERE type = ? AND span = ? AND block >= ? AND block < ?"
+        args = [type_id, SPANS_NS[SPANS_NS.index(span) - 1], start, start + span]
+    db.execute(f"INSERT INTO rollups ({names}) SELECT ?, ?, leaf, {sums}, ?, ? "
+               f"FROM {source} GROUP BY leaf", [type_id, start, generation, span, *args])
+    db.execute("INSERT INTO seals (type, block, written, span) VALUES (?, ?, ?, ?)",
+               (type_id, start, generation, span))
 
 
 def unsealed(db: duckdb.DuckDBPyConnection, type_id: int, now_ns: int,
-             sealed: Iterable[int]) -> list[int]:
-    """The closed blocks of a type that hold profiles and no seal, oldest first."""
+             sealed: Iterable[Block]) -> list[Block]:
+    """The closed blocks of a type that hold profiles and no seal, shortest
+    first, then oldest; a longer block only once each shorter one in it
+    that holds profiles is sealed."""
     have = set(sealed)
-    closed = (now_ns - GRACE_NS) // BLOCK_NS * BLOCK_NS   # blocks before it end by now - grace
-    return [int(b) for (b,) in db.execute(
+    closed = [(now_ns - GRACE_NS) // span * span for span in SPANS_NS]  # blocks before end
+    holding = [int(b) for (b,) in db.execute(
         "SELECT DISTINCT time_ns // ? * ? AS b FROM profiles WHERE type_id = ? "
-        "AND time_ns < ? ORDER BY b", (BLOCK_NS, BLOCK_NS, type_id, closed)).fetchall()
-        if int(b) not in have]
+        "AND time_ns < ? ORDER BY b", (BLOCK_NS, BLOCK_NS, type_id, closed[0])).fetchall()]
+    out = [(BLOCK_NS, b) for b in holding if (BLOCK_NS, b) not in have]
+    for k in range(1, len(SPANS_NS)):
+        span, shorter = SPANS_NS[k], SPANS_NS[k - 1]
+        inside: dict[int, set[int]] = {}
+        for b in holding:
+            if b < closed[k]:
+                inside.setdefault(b // span * span, set()).add(b // shorter * shorter)
+        out += [(span, b) for b, parts in sorted(inside.items())
+                if (span, b) not in have and all((shorter, p) in have for p in parts)]
+    return out
 
 
-def runs(blocks: dict[int, int], start_ns: int, end_ns: int, upto: int | None
-         ) -> list[tuple[int, int]]:
-    """The runs [first block, end of last) of consecutive sealed blocks
-    wholly inside [start_ns, end_ns) whose seal a tree of generation
-    ``upto`` may read, longest first, at most ``MAX_RUNS``. A block [b,
-    b + BLOCK_NS) is wholly inside when start_ns <= b and b + BLOCK_NS <=
-    end_ns: each of its rows starts before the end and ends after the start."""
-    usable = sorted(b for b, w in blocks.items()
-                    if start_ns <= b and b + BLOCK_NS <= end_ns and (upto is None or w <= upto))
-    out: list[tuple[int, int]] = []
-    for b in usable:
-        if out and out[-1][1] == b:
-            out[-1] = (out[-1][0], b + BLOCK_NS)
-        else:
-            out.append((b, b + BLOCK_NS))
-    out.sort(key=lambda r: r[0] - r[1])
+def runs(blocks: dict[Block, int], start_ns: int, end_ns: int, upto: int | None
+         ) -> list[tuple[int, int, int]]:
+    """What a merge of [start_ns, end_ns) reads from roll-ups, as runs
+    (span, first block, end of last) of consecutive sealed blocks of one
+    length wholly inside the range whose seal a tree of generation ``upto``
+    may read: the longest blocks first, shorter ones in what they leave;
+    the longest runs, at most ``MAX_RUNS``. A block [b, b + span) is wholly
+    inside when start_ns <= b and b + span <= end_ns: each of its rows
+    starts before the end and ends after the start."""
+    out: list[tuple[int, int, int]] = []
+    for span in reversed(SPANS_NS):
+        usable = sorted(b for (s, b), w in blocks.items()
+                        if s == span and start_ns <= b and b + span <= end_ns
+                        and (upto is None or w <= upto)
+                        and not any(lo <= b < hi for _, lo, hi in out))
+        mine: list[tuple[int, int, int]] = []
+        for b in usable:
+            if mine and mine[-1][2] == b:
+                mine[-1] = (span, mine[-1][1], b + span)
+            else:
+                mine.append((span, b, b + span))
+        out += mine
+    out.sort(key=lambda r: r[1] - r[2])
     return out[:MAX_RUNS]

@@ -409,10 +409,11 @@ class Store:
         return size
 
     def seal(self, now_ns: int) -> bool:
-        """Roll up the oldest closed block not yet sealed of a type stored
-        with one shape (rollup.py), in a write of its own; False when none
-        is left. One at a time: a block of a fleet is a third of a second
-        of the store's lock, and writes wait for it."""
+        """Roll up the next closed block not yet sealed of a type stored
+        with one shape (rollup.unsealed: five-minute blocks first, oldest
+        first), in a write of its own; False when none is left. One at a
+        time: a block of a fleet is a third of a second of the store's lock
+        or more, and writes wait for it."""
         for tid, shapes in list(self._shapes.items()):
             if len(shapes) != 1:
                 continue

@@ -31,6 +31,7 @@ from .intern import MAX_VALUES, Rows, type_id
 from .leaves import upgrade
 from .numbers import upgrade as number_rows_of
 from .rollup import TABLES as ROLLUPS
+from .rollup import create as create_rollups
 
 if TYPE_CHECKING:
     from .leaves import Pending
@@ -100,7 +101,7 @@ def create_or_upgrade(db: duckdb.DuckDBPyConnection, path: str) -> None:
     elif version != (SCHEMA_VERSION,):
         raise StorageError(f"{path}: a store of schema {version and version[0]}, "
                            f"not {SCHEMA_VERSION}: a newer collector wrote it")
-    db.execute(ROLLUPS)   # (derived: made empty where missing, filled by sealing)
+    create_rollups(db)   # (derived: made empty where missing, filled by sealing)
 
 
 def shape_json(t: ProfileType) -> str:
