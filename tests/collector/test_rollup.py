@@ -330,3 +330,50 @@ def test_a_store_sealed_before_blocks_had_lengths_keeps_its_seals(
         assert views(store, monkeypatch, rolled=True) == views(store, monkeypatch, rolled=False)
     finally:
         store.close()
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_any_history_of_writes_seals_and_cuts_merges_as_the_rows(
+        store: Store, monkeypatch: pytest.MonkeyPatch, seed: int) -> None:
+    """Writes in order and late, seals as time passes, retention cutting
+    anywhere: every merge (of any range, by a tree of any generation) sums
+    the same with the roll-ups of every length as from the rows alone."""
+    rng = random.Random(100 + seed)
+    longest = SPANS_NS[-1]
+    begin = T0 // longest * longest + rng.randrange(0, longest, 60 * S)
+    hours = 4
+    clock = begin
+    written: list[int] = []
+    real = merge.runs
+    checked = 0
+
+    def sums(lo: int, hi: int, upto: int, rolled: bool) -> dict[int, int]:
+        merge.runs = real if rolled else (lambda *a: [])  # type: ignore[assignment]
+        try:
+            agg = store.aggregate(lo, hi, selector([]), store.types()[0], by_name=True,
+                                  value=1, upto=upto)
+        finally:
+            merge.runs = real  # type: ignore[assignment]
+        if agg is None or agg.leaf is None:
+            return {}
+        return dict(zip(agg.leaf.tolist(), agg.sums(1).tolist(), strict=True))
+
+    while clock < begin + hours * 3600 * S:
+        clock += rng.choice((60, 120, 300)) * S
+        late = written and rng.random() < 0.2
+        at = rng.choice(written) + rng.randrange(1, 59) * S if late else clock
+        write_fleet(store, rng, at, pids=tuple(rng.sample((10, 11, 12, 13), 2)))
+        written.append(at)
+        for _ in range(rng.randrange(0, 4)):       # the seal loop, now and then
+            store.seal(clock + 2 * S)
+        if rng.random() < 0.05:                    # retention, somewhere behind
+            with store._writing("test"):
+                store._delete_before(rng.randrange(begin, clock))
+        if rng.random() < 0.3 or clock >= begin + hours * 3600 * S:
+            a, b = sorted(rng.randrange(begin - 600 * S, clock + 600 * S) for _ in range(2))
+            for lo, hi in ((a, b), (0, FAR)):
+                upto = rng.randrange(max(store.generation - 5, 0), store.generation + 1)
+                assert sums(lo, hi, upto, True) == sums(lo, hi, upto, False), (lo, hi, upto)
+                checked += 1
+    spans = {s for s, _ in store.seals.blocks(store.type_id(store.types()[0]) or 0)}
+    assert spans == set(SPANS_NS) and checked >= 10
