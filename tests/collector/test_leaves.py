@@ -124,7 +124,7 @@ def test_a_store_of_schema_2_is_upgraded_with_nothing_lost(tmp_path: Path) -> No
     try:
         with store.cursor() as cur:
             assert cur.execute("SELECT value FROM meta WHERE key = 'schema'").fetchall() == [
-                ("5",)]
+                ("6",)]
         check_ids(store)
         assert store.count() == rows
         assert answers(store) == before
@@ -173,7 +173,7 @@ def test_a_store_of_an_unknown_schema_is_refused_by_name(tmp_path: Path) -> None
     db = duckdb.connect(str(path))
     db.execute("UPDATE meta SET value = '9' WHERE key = 'schema'")
     db.close()
-    with pytest.raises(StorageError, match="a store of schema 9, not 5"):
+    with pytest.raises(StorageError, match="a store of schema 9, not 6"):
         Store(path)
 
 

@@ -123,7 +123,7 @@ def test_a_store_of_schema_4_is_numbered_with_nothing_lost(tmp_path: Path) -> No
     try:
         with store.cursor() as cur:
             assert cur.execute("SELECT value FROM meta WHERE key = 'schema'").fetchall() == [
-                ("5",)]
+                ("6",)]
             assert [r[0] for r in cur.execute("DESCRIBE samples").fetchall()] == [
                 "time_ns", "end_ns", "series", "type", "thread", "v0", "v1", "v2", "v3",
                 "leaf", "written"]

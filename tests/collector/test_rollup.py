@@ -15,12 +15,14 @@ import duckdb
 import pytest
 
 from ember.collector import merge, rollup, server
+from ember.collector import store as store_module
 from ember.collector.api import Api
 from ember.collector.matchers import selector
 from ember.collector.rollup import BLOCK_NS, GRACE_NS, SPANS_NS
 from ember.collector.server import Collector
 from ember.collector.store import Store
 from ember.config import CollectorConfig
+from ember.errors import StorageError
 from tests.support.profiles import write_fleet
 from tests.support.waits import wait_for
 
@@ -109,16 +111,18 @@ def test_sealed_blocks_answer_as_the_rows(store: Store, monkeypatch: pytest.Monk
                                    (BLOCK_NS,)).fetchone()
         rows, = cur.execute("SELECT COUNT(*) FROM samples").fetchone()
     assert 0 < rolled_rows < rows
-    # 30 minutes from T0, 16 minutes into a half hour: two half hours, one
-    # block of three hours, each summed from the shorter blocks in it
+    # 30 minutes from T0, 16 minutes into a half hour: every five-minute
+    # block, and the half hour that starts after T0 (the one before and
+    # the three hours start before the oldest profile: left to the shorter)
     times = [T0 + at * S for at in range(0, 30 * 60, 40)]
     for span in SPANS_NS:
-        assert seals_of(store, span) == {t // span * span for t in times}
+        assert seals_of(store, span) == {t // span * span for t in times
+                                         if span == BLOCK_NS or t // span * span >= T0}
     spans: list[set[int]] = []
     seen = used(monkeypatch, spans)
     assert views(store, monkeypatch, rolled=True) == raw
     assert max(seen) >= 5                      # the whole range: its blocks rolled
-    assert set().union(*spans) == set(SPANS_NS)    # (the whole range: 3 h)
+    assert set().union(*spans) == set(SPANS_NS[:2])
     # a merge of some series reads their rows, never a roll-up
     seen.clear()
     agg = store.aggregate(0, FAR, selector(["host=h1"]), store.types()[0], by_name=True)
@@ -133,16 +137,16 @@ def test_late_rows_into_sealed_blocks_are_added(store: Store,
     sealed_at = store.generation
     with store.cursor() as cur:
         before, = cur.execute("SELECT COUNT(*) FROM rollups").fetchone()
-    for at in (61, 400, 777):                  # an agent's retries, late
+    for at in (61, 400, 777, 900):             # an agent's retries, late
         write_fleet(store, rng, T0 + at * S, pids=(10, 20))
     with store.cursor() as cur:
         late = cur.execute("SELECT COUNT(*), min(written) FROM rollups WHERE written > ?",
                            (sealed_at,)).fetchone()
         assert cur.execute("SELECT COUNT(*) FROM rollups").fetchone()[0] > before
     assert late is not None and late[0] > 0 and late[1] == sealed_at + 1
-    with store.cursor() as cur:   # added to the sealed blocks of every length
+    with store.cursor() as cur:   # added to the sealed blocks holding them (900 s: two)
         assert {s for s, in cur.execute("SELECT DISTINCT span FROM rollups WHERE written > ?",
-                                        (sealed_at,)).fetchall()} == set(SPANS_NS)
+                                        (sealed_at,)).fetchall()} == set(SPANS_NS[:2])
     assert views(store, monkeypatch, rolled=True) == views(store, monkeypatch, rolled=False)
 
 
@@ -183,10 +187,11 @@ def test_retention_unseals_what_it_cuts(store: Store, monkeypatch: pytest.Monkey
         assert cur.execute("SELECT COUNT(*) FROM rollups WHERE block < ?",
                            (cut,)).fetchone() == (0,)
     assert views(store, monkeypatch, rolled=True) == views(store, monkeypatch, rolled=False)
-    # the blocks cut, of each length: sealed again from what is left
-    assert seal_all(store) == len(SPANS_NS)
+    # the five-minute block cut: sealed again from what is left; the longer
+    # ones holding the cut start before the oldest profile: not again
+    assert seal_all(store) == 1
     assert set(store.seals.blocks(store.type_id(store.types()[0]) or 0)) == left | {
-        (span, cut // span * span) for span in SPANS_NS}
+        (BLOCK_NS, cut // BLOCK_NS * BLOCK_NS)}
     assert views(store, monkeypatch, rolled=True) == views(store, monkeypatch, rolled=False)
 
 
@@ -253,21 +258,23 @@ def test_runs_take_the_longest_blocks_that_fit() -> None:
 
 
 def test_a_longer_block_waits_for_the_shorter_ones_in_it(store: Store) -> None:
-    fill(store, random.Random(8), 30)
+    fill(store, random.Random(8), 30)           # T0 is 16 minutes into a half hour
     tid = store.type_id(store.types()[0]) or 0
     half = SPANS_NS[1]
     first = T0 // half * half
-    # at the end of T0's half hour (plus the grace): its five-minute blocks
-    # first, then the half hour itself, never before
-    now = first + half + GRACE_NS
+    second = first + half
+    # at the end of the next half hour (plus the grace): the five-minute
+    # blocks first, then that half hour, never before; T0's own half hour
+    # and three hours start before the oldest profile: never
+    now = second + half + GRACE_NS
     order = []
     while store.seal(now):
         new = set(store.seals.blocks(tid)) - set(order)
         order += sorted(new)
-    assert order[-1] == (half, first)
-    assert {b for s, b in order if s == BLOCK_NS} == {
-        t // BLOCK_NS * BLOCK_NS for t in range(T0, first + half, 40 * S)}
-    assert (SPANS_NS[2], T0 // SPANS_NS[2] * SPANS_NS[2]) not in order   # not closed
+    assert order[-1] == (half, second)
+    assert {b for s, b in order[:-1]} == {
+        t // BLOCK_NS * BLOCK_NS for t in range(T0, T0 + 30 * 60 * S, 40 * S)}
+    assert all(s == BLOCK_NS for s, _ in order[:-1])
 
 
 def test_a_collector_rolls_up_closed_blocks_by_itself(
@@ -282,10 +289,11 @@ def test_a_collector_rolls_up_closed_blocks_by_itself(
     store.close()
 
     def closed() -> int:
-        """The blocks of each length holding a profile and closed by now."""
+        """The blocks of each length holding a profile and closed by now
+        (a longer one only from the first profile on)."""
         by = time.time_ns() - GRACE_NS
-        return sum(len({t // span * span for t in starts if t // span * span + span <= by})
-                   for span in SPANS_NS)
+        return sum(len({b for t in starts if (b := t // span * span) + span <= by
+                        and (span == BLOCK_NS or b >= starts[0])}) for span in SPANS_NS)
     monkeypatch.setattr(server, "SEAL_PAUSE_S", 0.01)
     c = Collector(CollectorConfig(storage=str(path), grpc_listen="127.0.0.1:0",
                                   http_listen="127.0.0.1:0"))
@@ -303,7 +311,7 @@ def test_a_collector_rolls_up_closed_blocks_by_itself(
         c.close()
 
 
-def test_a_store_sealed_before_blocks_had_lengths_keeps_its_seals(
+def test_a_store_of_schema_5_keeps_its_seals_as_five_minute_blocks(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = tmp_path / "db.duckdb"
     store = Store(path)
@@ -316,10 +324,13 @@ def test_a_store_sealed_before_blocks_had_lengths_keeps_its_seals(
     with duckdb.connect(str(path)) as db:                 # as the collector before made them
         for table in ("rollups", "seals"):
             db.execute(f"ALTER TABLE {table} DROP COLUMN span")
+        db.execute("UPDATE meta SET value = '5' WHERE key = 'schema'")
     store = Store(path)
     try:
         assert set(store.seals.blocks(store.type_id(store.types()[0]) or 0)) == sealed
         with store.cursor() as cur:
+            assert cur.execute("SELECT value FROM meta WHERE key = 'schema'").fetchall() == [
+                ("6",)]
             assert cur.execute("SELECT * EXCLUDE (span) FROM rollups ORDER BY ALL"
                                ).fetchall() == rolled
             assert cur.execute("SELECT DISTINCT span FROM rollups").fetchall() == [(BLOCK_NS,)]
@@ -340,8 +351,9 @@ def test_any_history_of_writes_seals_and_cuts_merges_as_the_rows(
     the same with the roll-ups of every length as from the rows alone."""
     rng = random.Random(100 + seed)
     longest = SPANS_NS[-1]
-    begin = T0 // longest * longest + rng.randrange(0, longest, 60 * S)
+    begin = T0 // longest * longest     # (so its first three hours are sealed)
     hours = 4
+    ever: set[int] = set()
     clock = begin
     written: list[int] = []
     real = merge.runs
@@ -358,6 +370,8 @@ def test_any_history_of_writes_seals_and_cuts_merges_as_the_rows(
             return {}
         return dict(zip(agg.leaf.tolist(), agg.sums(1).tolist(), strict=True))
 
+    write_fleet(store, rng, begin)
+    written.append(begin)
     while clock < begin + hours * 3600 * S:
         clock += rng.choice((60, 120, 300)) * S
         late = written and rng.random() < 0.2
@@ -366,7 +380,8 @@ def test_any_history_of_writes_seals_and_cuts_merges_as_the_rows(
         written.append(at)
         for _ in range(rng.randrange(0, 4)):       # the seal loop, now and then
             store.seal(clock + 2 * S)
-        if rng.random() < 0.05:                    # retention, somewhere behind
+        ever |= {s for s, _ in store.seals.blocks(store.type_id(store.types()[0]) or 0)}
+        if rng.random() < 0.05 and set(SPANS_NS) <= ever:   # retention, behind
             with store._writing("test"):
                 store._delete_before(rng.randrange(begin, clock))
         if rng.random() < 0.3 or clock >= begin + hours * 3600 * S:
@@ -375,5 +390,23 @@ def test_any_history_of_writes_seals_and_cuts_merges_as_the_rows(
                 upto = rng.randrange(max(store.generation - 5, 0), store.generation + 1)
                 assert sums(lo, hi, upto, True) == sums(lo, hi, upto, False), (lo, hi, upto)
                 checked += 1
-    spans = {s for s, _ in store.seals.blocks(store.type_id(store.types()[0]) or 0)}
-    assert spans == set(SPANS_NS) and checked >= 10
+    assert ever == set(SPANS_NS) and checked >= 10
+
+
+def test_a_failed_write_of_a_second_shape_keeps_the_seals(
+        store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = random.Random(10)
+    fill(store, rng, 20)
+    seal_all(store)
+    sealed = store.seals.blocks(store.type_id(store.types()[0]) or 0)
+
+    def failing(*a: Any) -> None:
+        raise duckdb.IOException("the disk went away")
+    with monkeypatch.context() as m:
+        m.setattr(store_module, "insert", failing)
+        with pytest.raises(StorageError):
+            write_fleet(store, rng, T0 + 90 * S, hz=50)   # same type, another period
+    # rolled back whole: the seals as stored, none made twice
+    assert store.seals.blocks(store.type_id(store.types()[0]) or 0) == sealed
+    assert not store.seal(FAR)
+    assert views(store, monkeypatch, rolled=True) == views(store, monkeypatch, rolled=False)

@@ -29,8 +29,10 @@ It stays exact whatever comes after a seal:
   or that block's sample rows, instead);
 - a longer block is sealed only once every shorter block in it that holds
   profiles is: its sums are theirs, late rows included;
-- retention deletes the roll-ups and seals of the blocks it deletes rows
-  of (the oldest blocks partly: they are sealed again from what is left);
+- retention deletes the roll-ups and seals of every block that starts
+  before its cutoff (the five-minute block it cuts is sealed again from
+  what is left; a longer one only once no profile before it is left, as
+  its shorter blocks answer for it meanwhile);
 - a type stored with two shapes (sample types, period) has its roll-ups
   dropped and is not sealed: its merges read one shape's rows, which a
   roll-up does not tell apart.
@@ -115,12 +117,15 @@ class Seals:
         with self._lock:
             return dict(self._sealed.get(type_id, {}))
 
-    def late(self, cols: dict[str, Any]) -> dict[str, npt.NDArray[np.generic]] | None:
+    def late(self, cols: dict[str, Any], dropped: Iterable[int] = ()
+             ) -> dict[str, npt.NDArray[np.generic]] | None:
         """The roll-up rows a write adds to sealed blocks: its sample rows
         (``cols``, with their ``written``) in one, summed per (type, span,
-        block, leaf); None when it has none."""
+        block, leaf), saturated as the merges sum; None when it has none.
+        ``dropped``: types whose roll-ups the same write deletes."""
+        skip = set(dropped)
         with self._lock:
-            sealed = {t: set(b) for t, b in self._sealed.items() if b}
+            sealed = {t: set(b) for t, b in self._sealed.items() if b and t not in skip}
         if not sealed or not len(cols["leaf"]):
             return None
         types = np.asarray(cols["type"], np.uint64)
@@ -149,8 +154,17 @@ class Seals:
             "type": uniq[:, 0].view(np.uint64), "span": uniq[:, 1], "block": uniq[:, 2],
             "leaf": uniq[:, 3].astype(np.uint32)}
         for i in range(MAX_VALUES):
+            values = np.asarray(cols[f"v{i}"], np.int64)[rows]
+            if len(values) and int(np.abs(values).max()) * len(values) >= _INT64[1]:
+                # (a sum that may leave int64: in Python's integers, saturated)
+                exact = [0] * len(uniq)
+                for k, v in zip(which.tolist(), values.tolist(), strict=True):
+                    exact[k] += v
+                out[f"v{i}"] = np.array([min(max(v, _INT64[0]), _INT64[1]) for v in exact],
+                                        np.int64)
+                continue
             summed = np.zeros(len(uniq), np.int64)
-            np.add.at(summed, which, np.asarray(cols[f"v{i}"], np.int64)[rows])
+            np.add.at(summed, which, values)
             out[f"v{i}"] = summed
         out["written"] = np.full(len(uniq), int(np.asarray(cols["written"])[0]), np.uint64)
         return out
@@ -202,18 +216,24 @@ def unsealed(db: duckdb.DuckDBPyConnection, type_id: int, now_ns: int,
              sealed: Iterable[Block]) -> list[Block]:
     """The closed blocks of a type that hold profiles and no seal, shortest
     first, then oldest; a longer block only once each shorter one in it
-    that holds profiles is sealed."""
+    that holds profiles is sealed, and only from its start on: one that
+    starts before the oldest profile is left to its shorter blocks (as
+    retention moves on every minute, it would be sealed again each time)."""
     have = set(sealed)
     closed = [(now_ns - GRACE_NS) // span * span for span in SPANS_NS]  # blocks before end
     holding = [int(b) for (b,) in db.execute(
         "SELECT DISTINCT time_ns // ? * ? AS b FROM profiles WHERE type_id = ? "
         "AND time_ns < ? ORDER BY b", (BLOCK_NS, BLOCK_NS, type_id, closed[0])).fetchall()]
     out = [(BLOCK_NS, b) for b in holding if (BLOCK_NS, b) not in have]
+    if not holding:
+        return out
+    oldest = int(db.execute("SELECT min(time_ns) FROM profiles WHERE type_id = ?",
+                            (type_id,)).fetchall()[0][0])
     for k in range(1, len(SPANS_NS)):
         span, shorter = SPANS_NS[k], SPANS_NS[k - 1]
         inside: dict[int, set[int]] = {}
         for b in holding:
-            if b < closed[k]:
+            if oldest <= b // span * span and b < closed[k]:
                 inside.setdefault(b // span * span, set()).add(b // shorter * shorter)
         out += [(span, b) for b, parts in sorted(inside.items())
                 if (span, b) not in have and all((shorter, p) in have for p in parts)]
@@ -226,9 +246,10 @@ def runs(blocks: dict[Block, int], start_ns: int, end_ns: int, upto: int | None
     (span, first block, end of last) of consecutive sealed blocks of one
     length wholly inside the range whose seal a tree of generation ``upto``
     may read: the longest blocks first, shorter ones in what they leave;
-    the longest runs, at most ``MAX_RUNS``. A block [b, b + span) is wholly
-    inside when start_ns <= b and b + span <= end_ns: each of its rows
-    starts before the end and ends after the start."""
+    at most ``MAX_RUNS`` runs, those covering the most time (the rest is
+    read from the sample rows). A block [b, b + span) is wholly inside when
+    start_ns <= b and b + span <= end_ns: each of its rows starts before the
+    end and ends at or after the start."""
     out: list[tuple[int, int, int]] = []
     for span in reversed(SPANS_NS):
         usable = sorted(b for (s, b), w in blocks.items()

@@ -225,15 +225,13 @@ class Store:
             known = self._shapes.get(type_id(sp.type))
             if known and all(s != shape for s, _ in known):
                 unrolled.add(type_id(sp.type))
-        if unrolled:
-            self.seals.forget_types(unrolled)
         try:
             self._db.execute("BEGIN TRANSACTION")
             for t in unrolled:
                 self._db.execute("DELETE FROM rollups WHERE type = ?", (t,))
                 self._db.execute("DELETE FROM seals WHERE type = ?", (t,))
             insert(self._db, rows, cols, pending, numbered, meta, now,
-                   self.seals.late(cols))
+                   self.seals.late(cols, unrolled))
             self._db.execute("COMMIT")
         except duckdb.ConstraintException:  # (profiles' key, the only one)
             self._rollback()
@@ -243,6 +241,8 @@ class Store:
             if isinstance(exc, duckdb.Error):
                 raise storage_error("cannot store", exc) from None
             raise
+        # (after the commit: a write that failed leaves the seals as stored)
+        self.seals.forget_types(unrolled)
         self.interner.commit(rows)
         self.leaves.commit(pending)
         self.series_nums.commit(new_series)

@@ -44,8 +44,8 @@ log = logging.getLogger(__name__)
 #: writes its log first, and a checkpoint may need room for a few blocks.
 DISK_MARGIN = 8 << 20
 
-SCHEMA_VERSION = "5"
-#: the sample rows' columns (schema 5)
+SCHEMA_VERSION = "6"
+#: the sample rows' columns (schema 5 and on)
 SAMPLES = f"""(
     time_ns BIGINT, end_ns BIGINT,
     series UINTEGER,                               -- series.num
@@ -98,6 +98,15 @@ def create_or_upgrade(db: duckdb.DuckDBPyConnection, path: str) -> None:
     if version == ("4",):
         log.warning("store %s: numbering its series and threads (schema 5, once)", path)
         number_rows_of(db, SAMPLES, PROFILES)
+        version = ("5",)
+    if version == ("5",):
+        # roll-ups of three lengths (rollup.py): those made before are of
+        # five-minute blocks; and a collector of schema 5, which would read
+        # every length as five minutes, refuses the store from now on
+        db.execute("BEGIN TRANSACTION")
+        create_rollups(db)
+        db.execute("UPDATE meta SET value = '6' WHERE key = 'schema'")
+        db.execute("COMMIT")
     elif version != (SCHEMA_VERSION,):
         raise StorageError(f"{path}: a store of schema {version and version[0]}, "
                            f"not {SCHEMA_VERSION}: a newer collector wrote it")
