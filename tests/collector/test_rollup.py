@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
+import numpy as np
 import pytest
 
 from ember.collector import merge, rollup, server
@@ -410,3 +411,16 @@ def test_a_failed_write_of_a_second_shape_keeps_the_seals(
     assert store.seals.blocks(store.type_id(store.types()[0]) or 0) == sealed
     assert not store.seal(FAR)
     assert views(store, monkeypatch, rolled=True) == views(store, monkeypatch, rolled=False)
+
+
+def test_late_sums_saturate_as_the_merges_do() -> None:
+    seals = rollup.Seals()
+    seals.sealed(7, (BLOCK_NS, 0), 1)
+    big = (1 << 62) + 5
+    cols = {"type": np.array([7, 7, 7], np.uint64), "time_ns": np.array([1, 2, 3], np.int64),
+            "leaf": np.array([4, 4, 5], np.uint32), "written": np.array([2, 2, 2], np.uint64),
+            **{f"v{i}": np.array([big, big, 1], np.int64) for i in range(rollup.MAX_VALUES)}}
+    got = seals.late(cols)
+    assert got is not None
+    assert got["leaf"].tolist() == [4, 5] and got["v0"].tolist() == [(1 << 63) - 1, 1]
+    assert seals.late(cols, dropped=[7]) is None
