@@ -79,9 +79,9 @@ Block = tuple[int, int]
 _INT64 = (-(1 << 63), (1 << 63) - 1)
 
 
-def create(db: duckdb.DuckDBPyConnection) -> None:
-    """The tables, made where missing; those of a store made before blocks
-    had lengths hold five-minute blocks (a column added, in place)."""
+def upgrade(db: duckdb.DuckDBPyConnection) -> None:
+    """A store of schema 5: its tables made where missing, and those made
+    before blocks had lengths given one (five minutes: what they hold)."""
     db.execute(TABLES)
     for table in ("rollups", "seals"):
         if not db.execute("SELECT COUNT(*) FROM information_schema.columns WHERE "

@@ -31,7 +31,7 @@ from .intern import MAX_VALUES, Rows, type_id
 from .leaves import upgrade
 from .numbers import upgrade as number_rows_of
 from .rollup import TABLES as ROLLUPS
-from .rollup import create as create_rollups
+from .rollup import upgrade as add_spans
 
 if TYPE_CHECKING:
     from .leaves import Pending
@@ -104,13 +104,13 @@ def create_or_upgrade(db: duckdb.DuckDBPyConnection, path: str) -> None:
         # five-minute blocks; and a collector of schema 5, which would read
         # every length as five minutes, refuses the store from now on
         db.execute("BEGIN TRANSACTION")
-        create_rollups(db)
+        add_spans(db)
         db.execute("UPDATE meta SET value = '6' WHERE key = 'schema'")
         db.execute("COMMIT")
     elif version != (SCHEMA_VERSION,):
         raise StorageError(f"{path}: a store of schema {version and version[0]}, "
                            f"not {SCHEMA_VERSION}: a newer collector wrote it")
-    create_rollups(db)   # (derived: made empty where missing, filled by sealing)
+    db.execute(ROLLUPS)   # (derived: made empty where missing, filled by sealing)
 
 
 def shape_json(t: ProfileType) -> str:
