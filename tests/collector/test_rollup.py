@@ -92,9 +92,13 @@ def used(monkeypatch: pytest.MonkeyPatch, spans: list[set[int]] | None = None) -
     return seen
 
 
+def sealed_blocks(store: Store) -> dict[rollup.Block, int]:
+    """The sealed blocks of the store's (one) type, and their generations."""
+    return store.seals.blocks(store.type_id(store.types()[0]) or 0)
+
+
 def seals_of(store: Store, span: int) -> set[int]:
-    return {b for s, b in store.seals.blocks(store.type_id(store.types()[0]) or 0)
-            if s == span}
+    return {b for s, b in sealed_blocks(store) if s == span}
 
 
 def test_sealed_blocks_answer_as_the_rows(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -178,11 +182,11 @@ def test_retention_unseals_what_it_cuts(store: Store, monkeypatch: pytest.Monkey
     rng = random.Random(4)
     fill(store, rng, 30)
     seal_all(store)
-    sealed = set(store.seals.blocks(store.type_id(store.types()[0]) or 0))
+    sealed = set(sealed_blocks(store))
     cut = T0 // BLOCK_NS * BLOCK_NS + 2 * BLOCK_NS + 100 * S   # inside a block
     with store._writing("test"):
         store._delete_before(cut)
-    left = set(store.seals.blocks(store.type_id(store.types()[0]) or 0))
+    left = set(sealed_blocks(store))
     assert left == {b for b in sealed if b[1] >= cut} and len(left) < len(sealed)
     with store.cursor() as cur:
         assert cur.execute("SELECT COUNT(*) FROM rollups WHERE block < ?",
@@ -191,7 +195,7 @@ def test_retention_unseals_what_it_cuts(store: Store, monkeypatch: pytest.Monkey
     # the five-minute block cut: sealed again from what is left; the longer
     # ones holding the cut start before the oldest profile: not again
     assert seal_all(store) == 1
-    assert set(store.seals.blocks(store.type_id(store.types()[0]) or 0)) == left | {
+    assert set(sealed_blocks(store)) == left | {
         (BLOCK_NS, cut // BLOCK_NS * BLOCK_NS)}
     assert views(store, monkeypatch, rolled=True) == views(store, monkeypatch, rolled=False)
 
@@ -220,7 +224,7 @@ def test_seals_survive_a_restart(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     store.close()
     store = Store(path)
     try:
-        assert len(store.seals.blocks(store.type_id(store.types()[0]) or 0)) == n
+        assert len(sealed_blocks(store)) == n
         assert store.generation == generation and not store.seal(FAR)
         seen = used(monkeypatch)
         assert views(store, monkeypatch, rolled=True) == views(store, monkeypatch,
@@ -301,7 +305,7 @@ def test_a_collector_rolls_up_closed_blocks_by_itself(
     c.start()
     try:
         def sealed() -> int:
-            return len(c.store.seals.blocks(c.store.type_id(c.store.types()[0]) or 0))
+            return len(sealed_blocks(c.store))
 
         assert wait_for(lambda: sealed() == closed(), 60), (sealed(), closed())
         assert sealed() >= len({t // BLOCK_NS for t in starts})
@@ -318,7 +322,7 @@ def test_a_store_of_schema_5_keeps_its_seals_as_five_minute_blocks(
     store = Store(path)
     fill(store, random.Random(9), 20)
     assert seal_all(store, now=T0 + 12 * 60 * S) == 2     # five-minute blocks only
-    sealed = set(store.seals.blocks(store.type_id(store.types()[0]) or 0))
+    sealed = set(sealed_blocks(store))
     with store.cursor() as cur:
         rolled = cur.execute("SELECT * EXCLUDE (span) FROM rollups ORDER BY ALL").fetchall()
     store.close()
@@ -328,7 +332,7 @@ def test_a_store_of_schema_5_keeps_its_seals_as_five_minute_blocks(
         db.execute("UPDATE meta SET value = '5' WHERE key = 'schema'")
     store = Store(path)
     try:
-        assert set(store.seals.blocks(store.type_id(store.types()[0]) or 0)) == sealed
+        assert set(sealed_blocks(store)) == sealed
         with store.cursor() as cur:
             assert cur.execute("SELECT value FROM meta WHERE key = 'schema'").fetchall() == [
                 ("6",)]
@@ -381,7 +385,7 @@ def test_any_history_of_writes_seals_and_cuts_merges_as_the_rows(
         written.append(at)
         for _ in range(rng.randrange(0, 4)):       # the seal loop, now and then
             store.seal(clock + 2 * S)
-        ever |= {s for s, _ in store.seals.blocks(store.type_id(store.types()[0]) or 0)}
+        ever |= {s for s, _ in sealed_blocks(store)}
         if rng.random() < 0.05 and set(SPANS_NS) <= ever:   # retention, behind
             with store._writing("test"):
                 store._delete_before(rng.randrange(begin, clock))
@@ -399,7 +403,7 @@ def test_a_failed_write_of_a_second_shape_keeps_the_seals(
     rng = random.Random(10)
     fill(store, rng, 20)
     seal_all(store)
-    sealed = store.seals.blocks(store.type_id(store.types()[0]) or 0)
+    sealed = sealed_blocks(store)
 
     def failing(*a: Any) -> None:
         raise duckdb.IOException("the disk went away")
@@ -408,7 +412,7 @@ def test_a_failed_write_of_a_second_shape_keeps_the_seals(
         with pytest.raises(StorageError):
             write_fleet(store, rng, T0 + 90 * S, hz=50)   # same type, another period
     # rolled back whole: the seals as stored, none made twice
-    assert store.seals.blocks(store.type_id(store.types()[0]) or 0) == sealed
+    assert sealed_blocks(store) == sealed
     assert not store.seal(FAR)
     assert views(store, monkeypatch, rolled=True) == views(store, monkeypatch, rolled=False)
 
