@@ -123,7 +123,9 @@ def test_threads_without_rseq(fixture_bin, sys_exit: bool) -> None:  # type: ign
     register it) is missed there; its user stack is then marked lost, never
     guessed, unless the sys_exit hook is on."""
     env = {**os.environ, "GLIBC_TUNABLES": "glibc.pthread.rseq=0"}
-    proc = subprocess.Popen([str(fixture_bin / "offcpu_waits"), "10"], env=env,
+    # (it lives until killed below: its own 10 s ran out before the recording
+    # began when the programs' compile took that long on a loaded machine)
+    proc = subprocess.Popen([str(fixture_bin / "offcpu_waits"), "300"], env=env,
                             stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None
