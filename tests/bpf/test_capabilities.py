@@ -36,7 +36,9 @@ def hidden_workload(fixture_bin: Path) -> Iterator[tuple[int, Path]]:
     hidden.chmod(0o700)
     exe = hidden / "cpu_shares"
     shutil.copy(fixture_bin / "cpu_shares", exe)
-    proc = subprocess.Popen([str(exe), "30"], stdout=subprocess.PIPE, text=True)
+    # (killed below: its own lifetime is a guard; two recordings, each
+    # compiling the programs, outlasted 30 s)
+    proc = subprocess.Popen([str(exe), "300"], stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None and proc.stdout.readline().startswith("ready")
     try:
         yield proc.pid, hidden
@@ -54,7 +56,7 @@ def container_workload(fixture_bin: Path) -> Iterator[int]:
     mnt = Path(tempfile.mkdtemp(prefix="ember-ns-"))
     mnt.chmod(0o755)
     script = (f"mount -t tmpfs -o mode=755 tmpfs {mnt} && cp {fixture_bin / 'cpu_shares'} "
-              f"{mnt}/ && exec {mnt}/cpu_shares 30")
+              f"{mnt}/ && exec {mnt}/cpu_shares 300")   # (killed below, as above)
     proc = subprocess.Popen(["unshare", "-m", "--propagation", "private", "sh", "-c", script],
                             stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None and proc.stdout.readline().startswith("ready")
