@@ -33,7 +33,7 @@ def thread_names(pid: int) -> dict[int, str]:
 @pytest.mark.parametrize("offcpu_sample", [0.0, 0.001])  # the exact and the sampled program
 def test_each_interval_holds_the_time_that_passed_in_it(start_workload, tmp_path: Path,  # type: ignore[no-untyped-def]
                                                         offcpu_sample: float) -> None:
-    w = start_workload("long_block", 90)
+    w = start_workload("long_block", 300)   # (killed at the end; the agent's compile + 62 s)
     names = thread_names(w.pid)
     sleeper = next(t for t, n in names.items() if n == "sleeper")
     port = free_port()
