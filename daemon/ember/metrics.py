@@ -442,7 +442,8 @@ class CollectorMetrics:
         self.cache_bytes = Gauge("ember_collector_cache_bytes", "Approximate size of each query "
                                  "API cache (collector_trees: merged trees; collector_windows: "
                                  "the latest tree per query, to slide; collector_sums: merged "
-                                 "sums; collector_answers: answers)", ["cache"], registry=r)
+                                 "sums; collector_block_sums: sealed blocks' sums; "
+                                 "collector_answers: answers)", ["cache"], registry=r)
         self.cache_evictions = Counter("ember_collector_cache_evictions_total", "Entries a query "
                                        "API cache gave up to stay within its bound", ["cache"],
                                        registry=r)

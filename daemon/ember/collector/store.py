@@ -41,6 +41,7 @@ from ..errors import StorageError
 from ..httpserve import holding
 from ..model import ProfileType
 from . import merge
+from .blocksums import BlockSums
 from .intern import Interner, Rows, ThreadKey, labels_json, series_id, thread_name_id, type_id
 from .leaves import PERFECT_BITS, Leaves
 from .matchers import Matchers, selector
@@ -90,6 +91,7 @@ class Store:
         self.thread_names: dict[int, str] = {}   # thread name id -> name (cleaned)
         self.leaves = Leaves()
         self.seals = Seals()
+        self.block_sums = BlockSums()   # sealed blocks' sums merges read (blocksums.py)
         if self.path != ":memory:":
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
             from .legacy import convert_if_legacy  # a store of the older format
@@ -225,13 +227,16 @@ class Store:
             known = self._shapes.get(type_id(sp.type))
             if known and all(s != shape for s, _ in known):
                 unrolled.add(type_id(sp.type))
+        late = self.seals.late(cols, unrolled)
+        if late is not None:   # (told before the commit: at worst a kept sum is read again)
+            self.block_sums.touched(late["type"], late["span"], late["block"],
+                                    self.generation + 1)
         try:
             self._db.execute("BEGIN TRANSACTION")
             for t in unrolled:
                 self._db.execute("DELETE FROM rollups WHERE type = ?", (t,))
                 self._db.execute("DELETE FROM seals WHERE type = ?", (t,))
-            insert(self._db, rows, cols, pending, numbered, meta, now,
-                   self.seals.late(cols, unrolled))
+            insert(self._db, rows, cols, pending, numbered, meta, now, late)
             self._db.execute("COMMIT")
         except duckdb.ConstraintException:  # (profiles' key, the only one)
             self._rollback()
@@ -454,6 +459,7 @@ class Store:
         n = delete_before(self._db, cutoff)
         if n:
             self.seals.forget_before(cutoff)
+            self.block_sums.forget_before(cutoff)
             self._db.execute("CHECKPOINT")
             self.generation += 1
             self._deleted = self.generation
