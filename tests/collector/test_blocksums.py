@@ -165,3 +165,12 @@ def test_a_part_is_not_used_across_a_late_write_it_did_not_see() -> None:
     kept.put(5, blocks, ["v0"], Part(part.leaf, part.sums, 12))
     assert kept.get(5, blocks, ["v0"], 11) is None       # now it holds them: not for 11
     assert kept.get(5, blocks, ["v0"], 13) is not None
+
+
+def test_a_block_of_more_rows_than_summed_here_is_grouped_by_duckdb(
+        store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = random.Random(6)
+    fill(store, rng, 40)
+    seal_all(store)
+    monkeypatch.setattr(merge, "RAW_ROWS", 7)   # (each block holds more roll-up rows)
+    assert sums(store, store.generation) == sums(store, store.generation, rolled=False)

@@ -187,8 +187,8 @@ def _from_parts(cur: duckdb.DuckDBPyConnection, store: Store, clause: str, args:
                 summed: list[str], sealed: dict[Block, int], blocks: list[tuple[int, int, int]],
                 upto: int) -> dict[str, Any]:
     """``_grouped`` of sealed blocks: each block's sums kept in memory
-    (blocksums.py), read once from its roll-up rows, added up with the
-    rows outside them grouped by DuckDB."""
+    (blocksums.py), read once from its roll-up rows, and their sum, added
+    to the sums of the rows outside them."""
     type_id = args[2]
     every = tuple((span, start, sealed[(span, start)]) for span, lo, hi in blocks
                   for start in range(lo, hi, span))
@@ -237,15 +237,15 @@ def _block_part(cur: duckdb.DuckDBPyConnection, type_id: int, block: Block,
     got = cur.execute(f"SELECT leaf, {', '.join(summed)} FROM rollups WHERE {where} "
                       f"LIMIT {RAW_ROWS + 1}", args).fetchnumpy()
     leaf = np.asarray(got.pop("leaf"), np.uint32)
+    if len(leaf) > RAW_ROWS:
+        grouped = cur.execute(f"SELECT leaf, {', '.join(capped_sum(c) for c in summed)} "
+                              f"FROM rollups WHERE {where} GROUP BY leaf", args).fetchnumpy()
+        cols = [np.asarray(c, np.int64) for c in grouped.values()]
+        return Part(np.asarray(cols.pop(0), np.uint32), tuple(cols), upto)
     if len(leaf) and (leaf[1:] > leaf[:-1]).all():   # (a seal's rows: one per leaf, in order)
         return Part(leaf, tuple(np.asarray(c, np.int64) for c in got.values()), upto)
-    if len(leaf) <= RAW_ROWS:
-        ids, sums = sum_by_leaf(leaf, [np.asarray(c, np.int64) for c in got.values()])
-        return Part(ids, tuple(sums), upto)
-    grouped = cur.execute(f"SELECT leaf, {', '.join(capped_sum(c) for c in summed)} "
-                          f"FROM rollups WHERE {where} GROUP BY leaf", args).fetchnumpy()
-    cols = [np.asarray(c, np.int64) for c in grouped.values()]
-    return Part(np.asarray(cols.pop(0), np.uint32), tuple(cols), upto)
+    ids, sums = sum_by_leaf(leaf, [np.asarray(c, np.int64) for c in got.values()])
+    return Part(ids, tuple(sums), upto)
 
 
 def timeline(store: Store, start_ns: int, end_ns: int, matchers: Matchers,
