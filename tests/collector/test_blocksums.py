@@ -1,7 +1,7 @@
-"""Sealed blocks' sums kept in memory (collector/blocksums.py): a merge
-reads a block's roll-up rows once, and what it kept answers exactly as the
-rows do after late rows reach the block, for a tree older or newer than
-the kept sums, and once retention cuts the block."""
+"""Sealed blocks' sums kept in memory (collector/blocksums.py): merges of
+the same blocks read their roll-up rows once, and what is kept answers
+exactly as the rows do after late rows reach a block, for a tree older or
+newer than the kept sums, and once retention cuts the blocks."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from ember.collector import merge
+from ember.collector import leaves, merge
 from ember.collector.blocksums import BlockSums, Part, add_up
 from ember.collector.matchers import selector
 from ember.collector.store import Store
@@ -47,15 +47,15 @@ def sums(store: Store, upto: int, rolled: bool = True, lo: int = 0,
     return dict(zip(agg.leaf.tolist(), agg.sums(1).tolist(), strict=True))
 
 
-def reads(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
-    """Records each block whose roll-up rows a merge reads."""
-    seen: list[tuple[int, int]] = []
-    real = merge._block_part
+def reads(monkeypatch: pytest.MonkeyPatch) -> list[list[tuple[int, int, int]]]:
+    """Records the runs of blocks whose roll-up rows each merge reads."""
+    seen: list[list[tuple[int, int, int]]] = []
+    real = merge._blocks_part
 
-    def counting(cur: Any, type_id: int, block: tuple[int, int], *a: Any) -> Part:
-        seen.append(block)
-        return real(cur, type_id, block, *a)
-    monkeypatch.setattr(merge, "_block_part", counting)
+    def counting(cur: Any, type_id: int, blocks: list[tuple[int, int, int]], *a: Any) -> Part:
+        seen.append(blocks)
+        return real(cur, type_id, blocks, *a)
+    monkeypatch.setattr(merge, "_blocks_part", counting)
     return seen
 
 
@@ -66,13 +66,15 @@ def test_a_block_s_rollup_rows_are_read_once(store: Store,
     seal_all(store)
     seen = reads(monkeypatch)
     first = sums(store, store.generation)
-    blocks = len(seen)
-    assert blocks >= 2
+    assert len(seen) == 1 and sum((e - b) // s for s, b, e in seen[0]) >= 2
     # the same blocks again, in ranges that differ: nothing read again
     assert sums(store, store.generation, hi=FAR - 5 * S) == first
     assert sums(store, store.generation, lo=1) == first
-    assert len(seen) == blocks
+    assert len(seen) == 1
     assert first == sums(store, store.generation, rolled=False)
+    # other blocks (a range that leaves out the first): read for themselves
+    sums(store, store.generation, lo=T0 + 600 * S)
+    assert len(seen) == 2
 
 
 def test_late_rows_after_the_sums_were_kept_are_counted(
@@ -87,7 +89,7 @@ def test_late_rows_after_the_sums_were_kept_are_counted(
     after = sums(store, store.generation)
     assert after != before
     assert after == sums(store, store.generation, rolled=False)
-    assert seen, "the block the late rows reached is read again"
+    assert seen, "the blocks the late rows reached are read again"
     # a tree of the generation before them still reads them as it did
     assert sums(store, kept_at) == before == sums(store, kept_at, rolled=False)
 
@@ -167,10 +169,13 @@ def test_a_part_is_not_used_across_a_late_write_it_did_not_see() -> None:
     assert kept.get(5, blocks, ["v0"], 13) is not None
 
 
-def test_a_block_of_more_rows_than_summed_here_is_grouped_by_duckdb(
+def test_rows_around_the_kept_sums_of_more_than_numpy_sums_are_grouped(
         store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
     rng = random.Random(6)
     fill(store, rng, 40)
     seal_all(store)
-    monkeypatch.setattr(merge, "RAW_ROWS", 7)   # (each block holds more roll-up rows)
+    sums(store, store.generation)
+    for k in range(3):
+        write_fleet(store, rng, FAR - (k + 1) * 10 * S)
+    monkeypatch.setattr(leaves, "RAW_ROWS", 7)   # (the unsealed rows: more than that)
     assert sums(store, store.generation) == sums(store, store.generation, rolled=False)

@@ -1,20 +1,22 @@
-"""The sums of sealed blocks, kept in memory once a merge has read them.
+"""The sums of runs of sealed blocks, kept in memory once a merge has
+read them.
 
 A merge of every series of a type reads the roll-ups of the sealed blocks
 inside its range (rollup.runs). For the fleet hour that is 2.4 million
 roll-up rows, and DuckDB groups them into 800,000 leaves in 100-130 ms on
-every request: a range that moves by a second is a new question. A sealed
-block changes only when late rows reach it, so a merge keeps each block's
-sums here, per leaf (``Part``), and the next merge adds the kept ones up
-(a few milliseconds a block) and groups only the rows around them.
+every request: a range that moves by a second is a new question to every
+cache keyed by range. Sealed blocks change only when late rows reach them,
+so a merge keeps the sums per leaf of the blocks it read (``Part``), and
+the next merge of the same blocks (the same hour a second later, or a
+page's other views) only adds the rows around them.
 
-A part holds the block's roll-up rows written by generation ``at`` (the
+A part holds the blocks' roll-up rows written by generation ``at`` (the
 merge's ``upto``). A merge of generation ``upto`` may use it when no late
-rows reached the block between the two (``touched``, told by the store
+rows reached its blocks between the two (``touched``, told by the store
 before it commits them; a generation earlier than this process never
 matters: every merge asks for one at least as new as the store's opening).
-It is keyed by the block's seal as well: a block sealed again (after
-retention cut it, or its type took a second shape) is another part.
+It is keyed by each block's seal as well: a block sealed again (after
+retention cut it, or its type took a second shape) makes another part.
 """
 
 from __future__ import annotations
@@ -33,9 +35,9 @@ _INT64_MAX = (1 << 63) - 1
 
 @dataclass(frozen=True)
 class Part:
-    """One sealed block's sums of some value columns: ``leaf`` distinct, a
-    sum per leaf for each column (never negative, capped at
-    2^63 - 1), of the roll-up rows written by generation ``at``."""
+    """Sealed blocks' sums of some value columns: ``leaf`` distinct, a sum
+    per leaf for each column (never negative, capped at 2^63 - 1), of the
+    roll-up rows written by generation ``at``."""
 
     leaf: npt.NDArray[np.uint32]
     sums: tuple[npt.NDArray[np.int64], ...]
@@ -56,13 +58,12 @@ Blocks = tuple[tuple[int, int, int], ...]
 
 
 class BlockSums:
-    """The parts merges made, by (type, blocks, columns): of one sealed
-    block, or of the run of blocks a range covered (the next range of the
-    same blocks, the same hour a second later, adds nothing up again), the
-    least recently used dropped past ``max_bytes``; the memory governor
-    sees them as the cache ``collector_block_sums``."""
+    """The parts merges made, by (type, blocks, columns), the least
+    recently used dropped past ``max_bytes`` (the fleet hour's part of one
+    column is about 10 MB); the memory governor sees them as the cache
+    ``collector_block_sums``."""
 
-    def __init__(self, max_bytes: int = 48 << 20):
+    def __init__(self, max_bytes: int = 32 << 20):
         self._parts: BoundedCache[tuple[object, ...], Part] = BoundedCache(
             "collector_block_sums", max_bytes=max_bytes, weigh=lambda p: p.nbytes, lru=True)
         self._lock = threading.Lock()
