@@ -445,8 +445,7 @@ class CollectorMetrics:
                                  "sums; collector_block_sums: sealed blocks' sums; "
                                  "collector_answers: answers)", ["cache"], registry=r)
         self.cache_evictions = Counter("ember_collector_cache_evictions_total", "Entries a query "
-                                       "API cache gave up to stay within its bound", ["cache"],
-                                       registry=r)
+                                       "API cache gave up to stay in bounds", ["cache"], registry=r)
         self.sealed = Counter("ember_collector_blocks_sealed_total", "Blocks of a profile type "
                               "(five minutes, 30 minutes, three hours) summed into roll-ups "
                               "(merges of every series read them)", registry=r)

@@ -17,8 +17,8 @@ from ember.collector import leaves, merge
 from ember.collector.blocksums import BlockSums, Part, add_up
 from ember.collector.matchers import selector
 from ember.collector.store import Store
-from tests.collector.test_rollup import FAR, T0, fill, seal_all
 from tests.support.profiles import write_fleet
+from tests.support.store import FAR, T0, fill, seal_all
 
 S = 10**9
 INT64_MAX = (1 << 63) - 1

@@ -25,11 +25,10 @@ from ember.collector.store import Store
 from ember.config import CollectorConfig
 from ember.errors import StorageError
 from tests.support.profiles import write_fleet
+from tests.support.store import FAR, T0, fill, seal_all
 from tests.support.waits import wait_for
 
 S = 10**9
-T0 = 1_700_000_160 * S          # a minute into a block
-FAR = T0 + 10 * 3600 * S        # "now", long after everything written
 VIEWS = (("/api/v1/tree", {"max_nodes": ["20000"]}),
          ("/api/v1/top", {"limit": ["1000"], "sort": ["total"]}),
          ("/api/v1/tree", {"search": ["fn3"]}))
@@ -40,18 +39,6 @@ def store(tmp_path: Path) -> Iterator[Store]:
     s = Store(tmp_path / "db.duckdb")
     yield s
     s.close()
-
-
-def fill(store: Store, rng: random.Random, minutes: int, every_s: int = 40) -> None:
-    for at in range(0, minutes * 60, every_s):
-        write_fleet(store, rng, T0 + at * S)
-
-
-def seal_all(store: Store, now: int = FAR) -> int:
-    n = 0
-    while store.seal(now):
-        n += 1
-    return n
 
 
 def ranges() -> list[tuple[int, int]]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -14,9 +15,15 @@ from ember.collector.query import FORMATS
 from ember.collector.store import Store, StoredProfile
 from ember.collector.validate import INT64_MAX
 from ember.encode.pprof import decode_pprof, from_proto
+from tests.support.profiles import write_fleet
 
 #: The whole of time, as a query's range.
 ALL = {"from": ["0"], "to": [str(INT64_MAX)]}
+_S = 10**9
+#: A fleet's first write (a minute into a five-minute block), and "now",
+#: long after everything ``fill`` writes (tests of roll-ups and their sums).
+T0 = 1_700_000_160 * _S
+FAR = T0 + 10 * 3600 * _S
 
 
 def served(stored: Sequence[StoredProfile], copies: int = 1) -> tuple[dict[str, bytes], Api]:
@@ -102,3 +109,17 @@ def answers(store: Store) -> list[object]:
         else:
             out.append(body)
     return out
+
+
+def fill(store: Store, rng: random.Random, minutes: int, every_s: int = 40) -> None:
+    """A fleet's writes (write_fleet) every ``every_s`` for ``minutes`` from T0."""
+    for at in range(0, minutes * 60, every_s):
+        write_fleet(store, rng, T0 + at * _S)
+
+
+def seal_all(store: Store, now: int = FAR) -> int:
+    """Every closed block sealed, as the collector's seal loop does; how many."""
+    n = 0
+    while store.seal(now):
+        n += 1
+    return n
