@@ -31,7 +31,7 @@ def store(tmp_path: Path) -> Iterator[Store]:
     s.close()
 
 
-def sums(store: Store, upto: int, rolled: bool = True, lo: int = 0,
+def sums(store: Store, upto: int | None, rolled: bool = True, lo: int = 0,
          hi: int = FAR) -> dict[int, int]:
     """A merge of every series, as {leaf: sum}: from the roll-ups (and what
     is kept of them) or from the sample rows alone."""
@@ -75,6 +75,19 @@ def test_a_block_s_rollup_rows_are_read_once(store: Store,
     # other blocks (a range that leaves out the first): read for themselves
     sums(store, store.generation, lo=T0 + 600 * S)
     assert len(seen) == 2
+
+
+def test_a_merge_of_no_one_generation_reads_the_blocks_and_keeps_nothing(
+        store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = random.Random(7)
+    fill(store, rng, 40)
+    seal_all(store)
+    write_fleet(store, rng, T0 + 400 * S, pids=(10,))    # late rows, of their own generation
+    seen = reads(monkeypatch)
+    assert sums(store, None) == sums(store, None, rolled=False)
+    assert len(seen) == 1 and not store.block_sums._parts.items()
+    assert sums(store, None) == sums(store, store.generation)   # (read again, each)
+    assert len(seen) == 3 and len(store.block_sums._parts.items()) == 1
 
 
 def test_late_rows_after_the_sums_were_kept_are_counted(

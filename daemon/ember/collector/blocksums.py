@@ -37,11 +37,12 @@ _INT64_MAX = (1 << 63) - 1
 class Part:
     """Sealed blocks' sums of some value columns: ``leaf`` distinct, a sum
     per leaf for each column (never negative, capped at 2^63 - 1), of the
-    roll-up rows written by generation ``at``."""
+    roll-up rows written by generation ``at`` (None: by any, as a merge of
+    no one generation reads them; such a part is not kept)."""
 
     leaf: npt.NDArray[np.uint32]
     sums: tuple[npt.NDArray[np.int64], ...]
-    at: int
+    at: int | None
 
     def __post_init__(self) -> None:
         arrays: list[npt.NDArray[np.generic]] = [self.leaf, *self.sums]
@@ -79,11 +80,13 @@ class BlockSums:
                 self._late.setdefault((t, span, start), []).append(generation)
 
     def get(self, type_id: int, blocks: Blocks, columns: Sequence[str],
-            upto: int) -> Part | None:
+            upto: int | None) -> Part | None:
         """The part of these blocks for a merge of generation ``upto``, if
         one is kept that holds what that merge would read."""
+        if upto is None:   # (a merge of no one generation reads its blocks)
+            return None
         part = self._parts.get((type_id, blocks, tuple(columns)))
-        if part is None:
+        if part is None or part.at is None:
             return None
         lo, hi = sorted((part.at, upto))
         with self._lock:
@@ -93,7 +96,8 @@ class BlockSums:
         return part
 
     def put(self, type_id: int, blocks: Blocks, columns: Sequence[str], part: Part) -> None:
-        self._parts.put((type_id, blocks, tuple(columns)), part)
+        if part.at is not None:
+            self._parts.put((type_id, blocks, tuple(columns)), part)
 
     def forget_before(self, before: int) -> None:
         """Retention deleted the blocks that start before ``before``: the

@@ -169,32 +169,21 @@ def _grouped(cur: duckdb.DuckDBPyConnection, store: Store, clause: str, args: li
     if not blocks:
         return cur.execute(f"SELECT {who}, {sums} FROM samples WHERE {clause} GROUP BY {who}",
                            args).fetchnumpy()
-    if span[2] is not None:   # (a merge of one generation: the blocks' kept sums)
-        return _from_parts(cur, store, clause, args, summed, sealed, blocks, span[2])
-    inside = " OR ".join("(span = ? AND block >= ? AND block < ?)" for _ in blocks)
-    outside = " AND ".join("NOT (time_ns >= ? AND time_ns < ?)" for _ in blocks)
-    upto = span[2]
-    cols = ", ".join(summed)
-    return cur.execute(
-        f"SELECT leaf, {sums} FROM (SELECT leaf, {cols} FROM rollups WHERE type = ? "
-        f"AND ({inside}){' AND written <= ?' if upto is not None else ''} UNION ALL "
-        f"SELECT leaf, {cols} FROM samples WHERE {clause} AND {outside}) GROUP BY leaf",
-        [args[2], *(x for r in blocks for x in r), *([upto] if upto is not None else []),
-         *args, *(x for r in blocks for x in r[1:])]).fetchnumpy()
+    return _from_parts(cur, store, clause, args, summed, sums, sealed, blocks, span[2])
 
 
 def _from_parts(cur: duckdb.DuckDBPyConnection, store: Store, clause: str, args: list[Any],
-                summed: list[str], sealed: dict[Block, int], blocks: list[tuple[int, int, int]],
-                upto: int) -> dict[str, Any]:
-    """``_grouped`` of sealed blocks: the sums of their roll-up rows, kept
-    in memory for the next merge of the same blocks (blocksums.py), added
-    to the sums of the rows outside them."""
+                summed: list[str], sums: str, sealed: dict[Block, int],
+                blocks: list[tuple[int, int, int]], upto: int | None) -> dict[str, Any]:
+    """``_grouped`` of sealed blocks: the sums of their roll-up rows (kept
+    in memory, for a merge of one generation, for the next merge of the
+    same blocks: blocksums.py) added to the sums of the rows outside them."""
     type_id = args[2]
     every = tuple((span, start, sealed[(span, start)]) for span, lo, hi in blocks
                   for start in range(lo, hi, span))
     whole = store.block_sums.get(type_id, every, summed, upto)
     if whole is None:
-        whole = _blocks_part(cur, type_id, blocks, summed, upto)
+        whole = _blocks_part(cur, type_id, blocks, sums, upto)
         store.block_sums.put(type_id, every, summed, whole)
     outside = " AND ".join("NOT (time_ns >= ? AND time_ns < ?)" for _ in blocks)
     rest_args = [*args, *(x for r in blocks for x in r[1:])]
@@ -202,7 +191,6 @@ def _from_parts(cur: duckdb.DuckDBPyConnection, store: Store, clause: str, args:
     # grouping costs 30 ms however few they are)
     rest = raw_sums(cur, f"{clause} AND {outside}", rest_args, summed)
     if rest is None:
-        sums = ", ".join(capped_sum(c) for c in summed)
         rest = cur.execute(f"SELECT leaf, {sums} FROM samples WHERE {clause} AND {outside} "
                            "GROUP BY leaf", rest_args).fetchnumpy()
     rest_leaf = np.asarray(rest.pop("leaf"), np.uint32)
@@ -216,15 +204,17 @@ def _from_parts(cur: duckdb.DuckDBPyConnection, store: Store, clause: str, args:
 
 
 def _blocks_part(cur: duckdb.DuckDBPyConnection, type_id: int,
-                 blocks: list[tuple[int, int, int]], summed: list[str], upto: int) -> Part:
-    """The roll-up rows of generation ``upto`` of runs of sealed blocks,
-    grouped per leaf by DuckDB in one pass (read block by block and summed
-    in numpy, the fleet hour's first flame graph took 614 ms, not 352)."""
+                 blocks: list[tuple[int, int, int]], sums: str, upto: int | None) -> Part:
+    """The roll-up rows (of generation ``upto``, when given) of runs of
+    sealed blocks, grouped per leaf by DuckDB in one pass (read block by
+    block and summed in numpy, the fleet hour's first flame graph took
+    614 ms, not 352)."""
     inside = " OR ".join("(span = ? AND block >= ? AND block < ?)" for _ in blocks)
+    written = "" if upto is None else " AND written <= ?"
     got = cur.execute(
-        f"SELECT leaf, {', '.join(capped_sum(c) for c in summed)} FROM rollups "
-        f"WHERE type = ? AND ({inside}) AND written <= ? GROUP BY leaf",
-        [type_id, *(x for r in blocks for x in r), upto]).fetchnumpy()
+        f"SELECT leaf, {sums} FROM rollups WHERE type = ? AND ({inside}){written} GROUP BY leaf",
+        [type_id, *(x for r in blocks for x in r), *([] if upto is None else [upto])]
+    ).fetchnumpy()
     cols = [np.asarray(c, np.int64) for c in got.values()]
     return Part(np.asarray(cols.pop(0), np.uint32), tuple(cols), upto)
 
