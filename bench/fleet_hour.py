@@ -15,12 +15,18 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
+import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from ember.collector.api import Api
+from ember.collector.index import Index
 from ember.collector.intern import (
     MAX_VALUES,
     Rows,
@@ -164,3 +170,40 @@ def extent(store: Store) -> tuple[str, int, int]:
         row = cur.execute("SELECT min(time_ns), max(end_ns) FROM samples").fetchone()
     assert row is not None
     return store.types()[0], int(row[0]), int(row[1])
+
+
+@contextmanager
+def sealed_hours(hours: int, rows: int, stacks: int
+                 ) -> Iterator[tuple[Store, Index, dict[str, float], int, int]]:
+    """A temporary store of ``hours`` fleet-shaped hours (``rows`` sample
+    rows over ``stacks`` stacks in all), every closed block sealed, and its
+    query index built ahead, as a collector does at start: (the store, the
+    index, generate's figures and "sealed", "seal_s", first start, last end)."""
+    shape = Shape(stacks=stacks, functions=max(1000, stacks // 10), intervals=360 * hours,
+                  rows=rows)
+    with tempfile.TemporaryDirectory() as tmp:
+        store = Store(Path(tmp) / "store.duckdb")
+        try:
+            print(f"generating {shape}", file=sys.stderr)
+            gen = generate(store, shape)
+            _, lo, hi = extent(store)
+            began, sealed = time.monotonic(), 0
+            while store.seal(hi + 4 * 3600 * 10**9):   # every block closed
+                sealed += 1
+            gen.update(sealed=sealed, seal_s=time.monotonic() - began)
+            index = Api(store).index
+            index.warm()
+            yield store, index, gen, lo, hi
+        finally:
+            store.close()
+
+
+def tree_ms(store: Store, index: Index, start: int, end: int) -> float:
+    """A pruned tree of [start, end) from a new API (nothing cached but the
+    shared index), in ms."""
+    api = Api(store)
+    api.index = index
+    began = time.perf_counter()
+    code, _, _ = api.handle("/api/v1/tree", {"from": [str(start)], "to": [str(end)]})
+    assert code == 200, code
+    return (time.perf_counter() - began) * 1000

@@ -22,16 +22,11 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import tempfile
-import time
-from pathlib import Path
 
-from fleet_hour import Shape, extent, generate
+from fleet_hour import sealed_hours, tree_ms
 
 from common import render
-from ember.collector.api import Api
 from ember.collector.blocksums import BlockSums
-from ember.collector.store import Store
 
 S = 10**9
 
@@ -43,47 +38,28 @@ def main() -> int:
     ap.add_argument("--stacks", type=int, default=200_000)
     ap.add_argument("--repeats", type=int, default=7)
     args = ap.parse_args()
-    shape = Shape(stacks=args.stacks, functions=max(1000, args.stacks // 10),
-                  intervals=360 * args.hours, rows=args.rows * args.hours)
-    with tempfile.TemporaryDirectory() as tmp:
-        store = Store(Path(tmp) / "store.duckdb")
-        try:
-            print(f"generating {shape}", file=sys.stderr)
-            gen = generate(store, shape)
-            _, lo, hi = extent(store)
-            while store.seal(hi + 4 * 3600 * S):   # every block closed
-                pass
-            base = Api(store)
-            base.index.warm()
-            kept = store.block_sums
+    with sealed_hours(args.hours, args.rows * args.hours, args.stacks) as (
+            store, index, gen, lo, hi):
+        kept = store.block_sums
 
-            def tree_ms(start: int, end: int, keep: bool) -> float:
-                # (not kept: an empty cache each time, so the blocks are read)
-                store.block_sums = kept if keep else BlockSums()
-                api = Api(store)
-                api.index = base.index
-                t = time.perf_counter()
-                code, _, _ = api.handle("/api/v1/tree", {"from": [str(start)],
-                                                         "to": [str(end)]})
-                assert code == 200, code
-                return (time.perf_counter() - t) * 1000
+        def ms(start: int, end: int, keep: bool) -> float:
+            # (not kept: an empty cache each time, so the blocks are read)
+            store.block_sums = kept if keep else BlockSums()
+            return tree_ms(store, index, start, end)
 
-            rows = []
-            for name, start, end in (("the whole store", lo - 3600 * S, hi + 3600 * S),
-                                     ("the last hour", hi - 3600 * S, hi)):
-                first = tree_ms(start, end + 10 * S, True)
-                got: dict[bool, list[float]] = {False: [], True: []}
-                for i in range(args.repeats):   # each range new: it ends i s earlier
-                    got[False].append(tree_ms(start, end - i * S, False))
-                    got[True].append(tree_ms(start + S, end - i * S, True))
-                med = {k: statistics.median(v) for k, v in got.items()}
-                rows.append([name, f"{med[False]:.0f} (slowest {max(got[False]):.0f})",
-                             f"{first:.0f}",
-                             f"{med[True]:.0f} (slowest {max(got[True]):.0f})",
-                             f"{med[False] / med[True]:.2f}"])
-            store.block_sums = kept
-        finally:
-            store.close()
+        rows = []
+        for name, start, end in (("the whole store", lo - 3600 * S, hi + 3600 * S),
+                                 ("the last hour", hi - 3600 * S, hi)):
+            first = ms(start, end + 10 * S, True)
+            got: dict[bool, list[float]] = {False: [], True: []}
+            for i in range(args.repeats):   # each range new: it ends i s earlier
+                got[False].append(ms(start, end - i * S, False))
+                got[True].append(ms(start + S, end - i * S, True))
+            med = {k: statistics.median(v) for k, v in got.items()}
+            rows.append([name, f"{med[False]:.0f} (slowest {max(got[False]):.0f})",
+                         f"{first:.0f}", f"{med[True]:.0f} (slowest {max(got[True]):.0f})",
+                         f"{med[False] / med[True]:.2f}"])
+        store.block_sums = kept
     print(render(f"Pruned tree of a range not asked before, ms (median of {args.repeats}; "
                  f"{gen['rows']:,.0f} rows, {args.hours} h)",
                  ["range", "read each time", "kept: first", "kept", "ratio"], rows))

@@ -20,17 +20,11 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import tempfile
-import time
-from collections.abc import Callable
-from pathlib import Path
 
-from fleet_hour import Shape, extent, generate
+from fleet_hour import sealed_hours, tree_ms
 
 from common import render
 from ember.collector import merge, rollup
-from ember.collector.api import Api
-from ember.collector.store import Store
 
 S = 10**9
 
@@ -42,60 +36,37 @@ def main() -> int:
     ap.add_argument("--stacks", type=int, default=50_000)
     ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args()
-    shape = Shape(stacks=args.stacks, functions=max(1000, args.stacks // 10),
-                  intervals=360 * args.hours, rows=args.rows)
-    with tempfile.TemporaryDirectory() as tmp:
-        store = Store(Path(tmp) / "store.duckdb")
+    with sealed_hours(args.hours, args.rows, args.stacks) as (store, index, gen, lo, hi):
+        spans = sorted({s for s, _ in store.seals.blocks(store.type_id(store.types()[0]) or 0)})
+        real = rollup.runs
+
+        def five(blocks: dict[rollup.Block, int], *a: int | None) -> list[tuple[int, int, int]]:
+            return real({k: w for k, w in blocks.items() if k[0] == rollup.BLOCK_NS},
+                        *a)  # type: ignore[arg-type]
+
+        rows = []
         try:
-            print(f"generating {shape}", file=sys.stderr)
-            gen = generate(store, shape)
-            typ, lo, hi = extent(store)
-            began, sealed = time.monotonic(), 0
-            while store.seal(hi + 4 * 3600 * S):   # every block closed
-                sealed += 1
-            seal_s = time.monotonic() - began
-            spans = sorted({s for s, _ in store.seals.blocks(store.type_id(typ) or 0)})
-            base = Api(store)
-            base.index.warm()
-            real = rollup.runs
-
-            def five(blocks: dict[rollup.Block, int], *a: int | None
-                     ) -> list[tuple[int, int, int]]:
-                return real({k: w for k, w in blocks.items() if k[0] == rollup.BLOCK_NS},
-                            *a)  # type: ignore[arg-type]
-
-            def tree_ms(start: int, end: int, runs: Callable[..., object]) -> float:
-                merge.runs = runs  # type: ignore[assignment]
-                api = Api(store)
-                api.index = base.index
-                t = time.perf_counter()
-                code, _, _ = api.handle("/api/v1/tree", {"from": [str(start)],
-                                                         "to": [str(end)]})
-                assert code == 200, code
-                return (time.perf_counter() - t) * 1000
-
-            rows = []
-            for name, start in (("last hour", hi - 3600 * S),
-                                (f"all {args.hours} hours", lo - S)):
+            for name, start in (("last hour", hi - 3600 * S), (f"all {args.hours} hours", lo - S)):
                 got: dict[str, list[float]] = {"five": [], "all": []}
                 for i in range(args.repeats):   # each range new: it ends i s earlier
                     end = hi - i * S
-                    got["five"].append(tree_ms(start, end, five))
-                    got["all"].append(tree_ms(start + 1, end, real))
+                    merge.runs = five  # type: ignore[assignment]
+                    got["five"].append(tree_ms(store, index, start, end))
+                    merge.runs = real
+                    got["all"].append(tree_ms(store, index, start + 1, end))
                 med = {k: statistics.median(v) for k, v in got.items()}
                 rows.append([name, f"{med['five']:.0f} (slowest {max(got['five']):.0f})",
                              f"{med['all']:.0f} (slowest {max(got['all']):.0f})",
                              f"{med['five'] / med['all']:.2f}"])
-            merge.runs = real
         finally:
-            store.close()
+            merge.runs = real
     print(render(f"Pruned tree of a range not asked before, ms (median of {args.repeats}; "
                  f"{gen['rows']:,.0f} rows, {args.hours} h)",
                  ["range", "five-minute roll-ups", "every length", "ratio"], rows))
     print(render("Sealing", ["figure", "value"],
-                 [["blocks sealed (all lengths)", f"{sealed}"],
+                 [["blocks sealed (all lengths)", f"{gen['sealed']:.0f}"],
                   ["lengths (s)", ", ".join(str(s // S) for s in spans)],
-                  ["sealing them all (s)", f"{seal_s:.1f}"]]))
+                  ["sealing them all (s)", f"{gen['seal_s']:.1f}"]]))
     return 0
 
 
