@@ -286,3 +286,35 @@ def test_bulk_checks_hold_the_limits() -> None:
         slow = verdict(p, False, limits)
         assert isinstance(slow, str)
         assert verdict(p, True, limits) == slow
+
+
+def _varint(v: int) -> bytes:
+    out = bytearray()
+    while v >= 0x80:
+        out.append(v & 0x7F | 0x80)
+        v >>= 7
+    out.append(v)
+    return bytes(out)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_varints_are_the_values_written_of_every_width(seed: int) -> None:
+    rng = random.Random(seed)
+    # every width from 1 to 10 bytes, most short as in a profile
+    values = [rng.choice([rng.randrange(1 << 7), rng.randrange(1 << 14),
+                          rng.randrange(1 << 7 * rng.randint(1, 9)), rng.randrange(1 << 64)])
+              for _ in range(rng.randint(0, 3000))]
+    values += [0, (1 << 64) - 1, 1 << 63, 127, 128]
+    rng.shuffle(values)
+    encoded = [_varint(v) for v in values]
+    got = decode.varints(b"".join(encoded))
+    assert got is not None
+    assert got[0].tolist() == values
+    assert got[1].tolist() == np.cumsum([0, *map(len, encoded[:-1])]).tolist()
+
+
+def test_varints_refuse_what_is_not_whole_varints() -> None:
+    assert decode.varints(b"") is not None
+    assert decode.varints(_varint(300)[:1]) is None            # cut in its middle
+    assert decode.varints(b"\x01" + b"\xff" * 10 + b"\x01") is None   # 11 bytes
+    assert decode.varints(b"\x01" + b"\xff" * 9 + b"\x01") is not None  # 10 bytes
