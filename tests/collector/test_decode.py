@@ -318,3 +318,18 @@ def test_varints_refuse_what_is_not_whole_varints() -> None:
     assert decode.varints(_varint(300)[:1]) is None            # cut in its middle
     assert decode.varints(b"\x01" + b"\xff" * 10 + b"\x01") is None   # 11 bytes
     assert decode.varints(b"\x01" + b"\xff" * 9 + b"\x01") is not None  # 10 bytes
+
+
+@pytest.mark.parametrize("longest", [decode.SHORT_TAIL, decode.SHORT_TAIL + 1])
+def test_label_bytes_are_told_apart_by_every_byte_and_their_length(longest: int) -> None:
+    rng = random.Random(longest)
+    # few distinct, some ending in zero bytes (a shorter one padded must not match)
+    kinds = [b"", b"\x00", b"\x00\x00", b"\x1a\x02\x08\x00", b"\x1a\x02\x08",
+             bytes(rng.randrange(256) for _ in range(longest)),
+             bytes(longest - 1) + b"\x01"]
+    parts = [rng.choice(kinds) for _ in range(500)]
+    buf = b"".join(parts)
+    end = np.cumsum([len(x) for x in parts])
+    tails, which = decode._distinct(buf, end - [len(x) for x in parts], end)
+    assert [tails[i] for i in which.tolist()] == parts
+    assert len(set(tails)) == len(tails)

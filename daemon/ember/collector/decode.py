@@ -247,18 +247,11 @@ def samples(messages: Sequence[bytes]) -> Samples | None:
         return None
     val_first, val_stop = got
     depth, width = loc_stop - loc_first, val_stop - val_first
-    index: dict[bytes, int] = {}
-    which = []
-    for a, b in zip(at_byte[val_stop].tolist(), end.tolist(), strict=True):
-        tail = buf[a:b]
-        i = index.get(tail)
-        if i is None:
-            if tail and tail[0] != SAMPLE_LABEL:
-                return None
-            i = index[tail] = len(index)
-        which.append(i)
+    tails, which = _distinct(buf, at_byte[val_stop], end)
     sets = []
-    for tail in index:
+    for tail in tails:
+        if tail and tail[0] != SAMPLE_LABEL:
+            return None
         try:
             s = pb.Sample.FromString(tail)
         except Exception:  # not labels after all: not the layout expected
@@ -267,8 +260,35 @@ def samples(messages: Sequence[bytes]) -> Samples | None:
             return None
         sets.append(s)
     return Samples(values[_ranges(loc_first, depth)], depth,
-                   values[_ranges(val_first, width)].view(np.int64), width,
-                   np.array(which, np.int64), sets)
+                   values[_ranges(val_first, width)].view(np.int64), width, which, sets)
+
+
+#: Longest label bytes of a sample compared as one row of a matrix (a
+#: sample's labels are a few short messages; longer ones are compared one by one)
+SHORT_TAIL = 128
+
+
+def _distinct(buf: bytes, begin: I64, end: I64) -> tuple[list[bytes], I64]:
+    """The distinct byte strings ``buf[begin[i]:end[i]]`` and which of them
+    each ``i`` is. Short ones are rows of a matrix (their length first, then
+    their bytes) found distinct at once: a loop over a 1,000-stack
+    profile's samples took 1.5 ms."""
+    length = end - begin
+    widest = int(length.max(initial=0))
+    if widest > SHORT_TAIL or not len(length):
+        index: dict[bytes, int] = {}
+        each = [index.setdefault(buf[a:b], len(index))
+                for a, b in zip(begin.tolist(), end.tolist(), strict=True)]
+        return list(index), np.array(each, np.int64)
+    rows = np.zeros((len(length), widest + 1), np.uint8)
+    rows[:, 0] = length
+    col = np.arange(widest)
+    inside = col < length[:, None]
+    rows[:, 1:][inside] = np.frombuffer(buf, np.uint8)[(begin[:, None] + col)[inside]]
+    keys = rows.view(np.dtype((np.void, widest + 1))).ravel()
+    _, first, which = np.unique(keys, return_index=True, return_inverse=True)
+    return ([buf[a:b] for a, b in zip(begin[first].tolist(), end[first].tolist(), strict=True)],
+            which.astype(np.int64).ravel())
 
 
 def _ranges(first: I64, count: I64) -> I64:
@@ -292,9 +312,10 @@ def read(p: pb.Profile, raw: bytes | None = None) -> Tables | None:
     read it message by message). ``raw``: the bytes ``p`` was parsed from
     (it is serialized again if not given)."""
     t = pt.ProfileTables.FromString(p.SerializeToString() if raw is None else raw)
-    loc = locations(t.location)
-    fn = functions(t.function) if loc is not None else None
-    smp = samples(t.sample) if fn is not None else None
+    # (lists: each read of the message's list makes its bytes anew)
+    loc = locations(list(t.location))
+    fn = functions(list(t.function)) if loc is not None else None
+    smp = samples(list(t.sample)) if fn is not None else None
     if loc is None or fn is None or smp is None:
         return None
     return Tables(p, loc, fn, smp)
