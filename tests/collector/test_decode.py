@@ -14,6 +14,7 @@ import pytest
 
 from ember.collector import decode
 from ember.collector.intern import Interner, Rows
+from ember.collector.locations import LocationMemo
 from ember.collector.validate import DEFAULT_LIMITS, InvalidRequest, Limits, check_profile
 from ember.proto import pprof_tables_pb2 as pt
 from ember.proto import profile_pb2 as pb
@@ -209,8 +210,13 @@ def same_rows(a: Rows, b: Rows) -> bool:
             == (b.new_frames, b.new_stacks, b.new_threads, b.new_series))
 
 
-def test_rows_from_tables_are_the_rows_read_message_by_message() -> None:
+@pytest.mark.parametrize("merge_at", [1, 1 << 12])   # locations memo: sorted, or in its dict
+def test_rows_from_tables_are_the_rows_read_message_by_message(
+        monkeypatch: pytest.MonkeyPatch, merge_at: int) -> None:
+    monkeypatch.setattr(LocationMemo, "MERGE_AT", merge_at)
     profiles = [varied(random.Random(s)) for s in range(5)]
+    profiles += [renumbered(p, random.Random(9)) for p in profiles[:2]]
+    profiles.append(strings_changed(profiles[0]))
     slow, fast = Interner(), Interner()
     for p in profiles:  # the later ones find what the earlier ones interned
         a, b = Rows(), Rows()
@@ -221,6 +227,46 @@ def test_rows_from_tables_are_the_rows_read_message_by_message() -> None:
         assert same_rows(a, b)
         slow.commit(a)
         fast.commit(b)
+
+
+def renumbered(p: pb.Profile, rng: random.Random) -> pb.Profile:
+    """``p`` with its functions and locations in another order (other ids,
+    the same content)."""
+    q = pb.Profile()
+    q.CopyFrom(p)
+    fn_order = list(range(len(p.function)))
+    loc_order = list(range(len(p.location)))
+    rng.shuffle(fn_order)
+    rng.shuffle(loc_order)
+    fn_id = {p.function[old].id: new + 1 for new, old in enumerate(fn_order)}
+    loc_id = {p.location[old].id: new + 1 for new, old in enumerate(loc_order)}
+    del q.function[:], q.location[:]
+    for new, old in enumerate(fn_order):
+        q.function.add().CopyFrom(p.function[old])
+        q.function[new].id = new + 1
+    for new, old in enumerate(loc_order):
+        loc = q.location.add()
+        loc.CopyFrom(p.location[old])
+        loc.id = new + 1
+        for ln in loc.line:
+            ln.function_id = fn_id[ln.function_id]
+    for x in q.sample:
+        x.location_id[:] = [loc_id[i] for i in x.location_id]
+    return q
+
+
+def strings_changed(p: pb.Profile) -> pb.Profile:
+    """``p`` with each function's system name and file changed: the same
+    numbers everywhere, other frames."""
+    q = pb.Profile()
+    q.CopyFrom(p)
+    q.string_table.extend(["other_system_name", "other.c"])
+    for i, f in enumerate(q.function):
+        if i % 2:
+            f.system_name = len(q.string_table) - 2
+        else:
+            f.filename = len(q.string_table) - 1
+    return q
 
 
 @pytest.mark.parametrize("bulk", [False, True])

@@ -32,6 +32,7 @@ from ..encode.pprof import MappingKey, location_frames, sample_context
 from ..model import Frame, Mapping
 from ..proto import profile_pb2 as pb
 from . import decode
+from .locations import LocationMemo, RowKey, row_bytes
 
 #: Values kept per sample (a profile with more sample types is refused).
 MAX_VALUES = 4
@@ -103,6 +104,7 @@ class Rows:
     new_threads: dict[int, ThreadKey] = field(default_factory=dict)
     new_series: dict[int, str] = field(default_factory=dict)
     new_locations: dict[object, tuple[int, ...]] = field(default_factory=dict)
+    new_location_rows: dict[RowKey, tuple[int, ...]] = field(default_factory=dict)
     #: rows made as arrays (``Interner.add`` of tables), after the lists'
     chunks: list[dict[str, npt.NDArray[np.generic]]] = field(default_factory=list)
 
@@ -187,10 +189,11 @@ class Interner:
         self.stacks = IdSet()
         self.threads: dict[int, ThreadKey] = {}
         self.series: dict[str, int] = {}
+        # memos only (nothing here says the store holds it): locations by
+        # content, read in bulk (locations.py) or message by message, and
+        # mappings' small ids
+        self.locations = LocationMemo()
         self._locations: dict[object, tuple[int, ...]] = {}
-        # content -> small ids, memos only (nothing here says the store holds it)
-        self._strings: dict[str, int] = {}
-        self._functions: dict[bytes, int] = {}
         self._mappings: dict[tuple[object, ...], int] = {}
 
     def add(self, rows: Rows, p: pb.Profile, series_labels: Sequence[tuple[str, str]],
@@ -315,42 +318,48 @@ class Interner:
     def _location_frames(self, p: pb.Profile, st: list[str], t: decode.Tables,
                          rows: Rows) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.int64]]:
         """Every location's frame ids (root first), one after another, and
-        how many each has."""
+        how many each has: found by content (locations.py), a width at a
+        time, and made from the profile where not found."""
         loc, fn = t.locations, t.functions
-        # functions as small ids of their (name, system name, file)
-        used = np.unique(np.concatenate([fn.name, fn.system_name, fn.filename]))
-        ids = np.zeros(len(st), np.uint64)
-        ids[used] = _small(self._strings, [st[i] for i in used.tolist()])
-        fkeys = np.stack([ids[fn.name], ids[fn.system_name], ids[fn.filename]], axis=1)
-        fids = np.array([0, *_small(self._functions, _row_bytes(fkeys))], np.uint64)
         mkeys = [None, *((m.memory_start, m.memory_limit, m.file_offset, st[m.filename],
                           st[m.build_id], m.has_functions) for m in p.mapping)]
         mids = np.array([0, *_small(self._mappings, mkeys[1:])], np.uint64)
-        # a location's content: mapping, address, lines, (function, line) per line
+        get = st.__getitem__
+        fhash = np.zeros(len(fn.id) + 1, np.uint64)   # by function id
+        fhash[1:] = np.fromiter(map(hash, zip(map(get, fn.name.tolist()),
+                                              map(get, fn.system_name.tolist()),
+                                              map(get, fn.filename.tolist()), strict=True)),
+                                np.int64, len(fn.id)).view(np.uint64)
         n_loc = len(loc.id)
+        counts = np.maximum(loc.lines, 1)
+        first = np.cumsum(counts) - counts
+        flat = np.zeros(int(counts.sum()), np.uint64)
+        # each line's position in its location, and its location's width
         pos = np.arange(len(loc.line_location)) - np.repeat(np.cumsum(loc.lines) - loc.lines,
                                                             loc.lines)
-        keys = np.empty(n_loc, object)
+        line_width = loc.lines[loc.line_location]
         for width in np.unique(loc.lines).tolist():
-            rec = np.zeros((n_loc, 3 + 2 * width), np.uint64)
-            rec[:, 0], rec[:, 1], rec[:, 2] = mids[loc.mapping], loc.address, loc.lines
-            sel = loc.lines[loc.line_location] == width
-            rec[loc.line_location[sel], 3 + 2 * pos[sel]] = fids[loc.line_function[sel]]
-            rec[loc.line_location[sel], 4 + 2 * pos[sel]] = loc.line_line[sel].view(np.uint64)
-            of_width = loc.lines == width
-            keys[of_width] = _objects(_row_bytes(rec[of_width]))
-        key_list = keys.tolist()
-        found = list(map(self._locations.get, key_list))
-        if None in found:
-            for i, key in enumerate(key_list):
-                if found[i] is None:
-                    got = rows.new_locations.get(key)
-                    if got is None:
-                        got = rows.new_locations[key] = self._new_location(p, st, i, mkeys, rows)
-                    found[i] = got
-        done = cast(list[tuple[int, ...]], found)
-        return (np.fromiter(chain.from_iterable(done), np.uint64),
-                np.fromiter(map(len, done), np.int64, n_loc))
+            which = np.flatnonzero(loc.lines == width)
+            rec = np.zeros((len(which), 3 + 2 * width), np.uint64)
+            rec[:, 0], rec[:, 1], rec[:, 2] = mids[loc.mapping[which]], loc.address[which], width
+            if width:
+                row_of = np.empty(n_loc, np.intp)
+                row_of[which] = np.arange(len(which))
+                sel = line_width == width
+                r, col = row_of[loc.line_location[sel]], 3 + 2 * pos[sel]
+                rec[r, col] = fhash[loc.line_function[sel]]
+                rec[r, col + 1] = loc.line_line[sel].view(np.uint64)
+            got, found = self.locations.find(width, rec)
+            missing = np.flatnonzero(~found)
+            for k, key in zip(missing.tolist(), row_bytes(rec[missing]), strict=True):
+                ids = rows.new_location_rows.get((width, key))
+                if ids is None:
+                    ids = self._new_location(p, st, int(which[k]), mkeys, rows)
+                    rows.new_location_rows[(width, key)] = ids
+                got[k] = ids
+            span = max(width, 1)
+            flat[(first[which][:, None] + np.arange(span)).ravel()] = got.ravel()
+        return flat, counts
 
     def _new_location(self, p: pb.Profile, st: list[str], i: int,
                       mkeys: list[MappingKey | None], rows: Rows) -> tuple[int, ...]:
@@ -393,6 +402,7 @@ class Interner:
 
     def remember_locations(self, rows: Rows) -> None:
         self._locations.update(rows.new_locations)
+        self.locations.update(rows.new_location_rows.items())
 
     def commit(self, rows: Rows) -> None:
         """What ``rows`` added is in the store now (called after its commit:
@@ -401,7 +411,7 @@ class Interner:
         self.stacks.update(rows.new_stacks)
         self.threads.update(rows.new_threads)
         self.series.update((k, sid) for sid, k in rows.new_series.items())
-        self._locations.update(rows.new_locations)
+        self.remember_locations(rows)
 
     def _locations_of(self, p: pb.Profile, rows: Rows) -> dict[int, tuple[int, ...]]:
         """location id -> its frame ids, root first (a pprof location lists
@@ -427,12 +437,6 @@ class Interner:
         return out
 
 
-def _row_bytes(a: npt.NDArray[np.uint64]) -> list[bytes]:
-    """Each row of a 2-D array as bytes (a dict key)."""
-    a = np.ascontiguousarray(a)
-    return cast(list[bytes], a.view(np.dtype((np.void, a.shape[1] * 8))).ravel().tolist())
-
-
 def _small(table: dict[Any, int], keys: list[Any]) -> list[int]:
     """The small ids of ``keys`` in ``table``, new ones given out."""
     got = list(map(table.get, keys))
@@ -441,9 +445,3 @@ def _small(table: dict[Any, int], keys: list[Any]) -> list[int]:
             if got[i] is None:
                 got[i] = table.setdefault(key, len(table) + 1)
     return cast(list[int], got)
-
-
-def _objects(items: list[Any]) -> npt.NDArray[np.object_]:
-    out = np.empty(len(items), object)
-    out[:] = items
-    return out

@@ -69,7 +69,7 @@ def prepare(data: bytes, limits: Limits, now_ns: int
         it.frames.update(rows.new_frames)
         it.stacks.update(rows.new_stacks)
         it.remember_locations(rows)
-        rows.new_locations = {}
+        rows.new_locations, rows.new_location_rows = {}, {}
         out.append(Prepared(replace(sp, proto=None, tables=None),
                             shape_json(profile_shape(sp.proto)), rows))
     return out, repairs
