@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from ember.collector.rows import Queue
 from ember.collector.store import Store, StoredProfile
 from ember.collector.validate import DEFAULT_LIMITS, check_request
 from ember.errors import StorageError
@@ -61,6 +62,55 @@ def test_queued_writes_go_in_one_transaction_each_with_its_answer(
     assert len(commits) == 1
     assert store.count() == 8 * 3 + 1
     assert sorted(answers) == [(3, 1)] * 7 + [(4, 0)]  # the shared one stored once
+
+
+def counted_commits(store: Store, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The number of writes in each transaction, as it commits."""
+    sizes: list[int] = []
+    real = store._write
+    monkeypatch.setattr(store, "_write", lambda batch: (sizes.append(len(batch)), real(batch))[1])
+    return sizes
+
+
+def test_under_load_the_writer_waits_for_more_writes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """After a transaction of several writes (writes are overlapping), the
+    next writer waits up to LINGER_S for BATCH writes: three writes sent
+    0.2 s apart go in one transaction."""
+    monkeypatch.setattr(Queue, "LINGER_S", 60.0)
+    monkeypatch.setattr(Queue, "BATCH", 3)
+    store = Store(":memory:")
+    sizes = counted_commits(store, monkeypatch)
+    queued_writes(store, [profiles(1, f"first{i}") for i in range(2)])
+    errors: list[BaseException] = []
+
+    def run(i: int) -> None:
+        try:
+            store.write(profiles(1, f"late{i}"))
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+        time.sleep(0.2)
+    for t in threads:
+        t.join(60)
+    assert not errors
+    assert sizes == [2, 3]
+    assert store.count() == 5
+
+
+def test_a_lone_writer_never_waits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Writes one after another are each their own transaction, at once:
+    with a linger of a minute, ten of them take well under one."""
+    monkeypatch.setattr(Queue, "LINGER_S", 60.0)
+    store = Store(":memory:")
+    sizes = counted_commits(store, monkeypatch)
+    began = time.monotonic()
+    for i in range(10):
+        assert store.write(profiles(1, f"w{i}")) == (1, 0)
+    assert time.monotonic() - began < 60
+    assert sizes == [1] * 10
 
 
 def test_a_failed_transaction_fails_each_write_and_stores_none(

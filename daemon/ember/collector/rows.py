@@ -1,9 +1,11 @@
-"""What the store takes and gives: a profile to store, a stored profile as
-it was sent, and the samples of a range summed (the one merge every view
-starts from)."""
+"""What the store takes and gives: a profile to store, the writes waiting
+for the store's lock, a stored profile as it was sent, and the samples of
+a range summed (the one merge every view starts from)."""
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -45,6 +47,48 @@ class Write:
         self.done = False
         self.result = (0, 0)
         self.error: BaseException | None = None
+
+
+class Queue:
+    """Writes waiting for the store's lock: the writer that gets it takes
+    them all, for one transaction (a group commit).
+
+    A transaction's cost is mostly its own, not its rows': one 1,000-stack
+    profile costs 8.5 ms to commit alone, and 1.7 ms each in a batch of ten.
+    So under load (the last batch held more than one write: writes are
+    overlapping) the writer waits up to ``LINGER_S`` for ``BATCH`` writes
+    before it takes them. A lone writer never waits: its last batch was one."""
+
+    BATCH = 8
+    LINGER_S = 0.03
+
+    def __init__(self) -> None:
+        self._changed = threading.Condition()
+        self._writes: list[Write] = []
+        self._last = 0
+
+    def __len__(self) -> int:
+        with self._changed:
+            return len(self._writes)
+
+    def add(self, w: Write) -> None:
+        with self._changed:
+            self._writes.append(w)
+            self._changed.notify()
+
+    def take(self) -> list[Write]:
+        """Every write queued (called with the store's lock held)."""
+        with self._changed:
+            if self._last > 1:
+                deadline = time.monotonic() + self.LINGER_S
+                while len(self._writes) < self.BATCH:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        break
+                    self._changed.wait(left)
+            batch, self._writes = self._writes, []
+            self._last = len(batch)
+            return batch
 
 
 def rows_of(interner: Interner, batch: list[Write], have: set[str]

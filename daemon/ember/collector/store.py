@@ -47,7 +47,7 @@ from .leaves import PERFECT_BITS, Leaves
 from .matchers import Matchers, selector
 from .numbers import Numbers, numbered_rows
 from .rollup import Seals, seal, unsealed
-from .rows import Aggregate, Row, StoredProfile, Write, as_sent, rows_of
+from .rows import Aggregate, Queue, Row, StoredProfile, Write, as_sent, rows_of
 from .tables import (
     check_disk,
     create_or_upgrade,
@@ -74,8 +74,7 @@ class Store:
         self.path = str(path)
         self._lock = threading.Lock()
         self._reading = threading.Lock()   # one large read at a time (reading)
-        self._queued = threading.Lock()  # guards _queue: writes waiting for the lock
-        self._queue: list[Write] = []
+        self._queue = Queue()   # writes waiting for the lock
         # bumped by every change: query caches key on it, and each sample row
         # keeps the generation of the write that stored it (``written``)
         self.generation = 0
@@ -171,15 +170,14 @@ class Store:
 
         Writes that wait for one another go in one transaction (a group
         commit: the one that gets the lock writes every write queued by
-        then). A request is still stored whole or not at all; a failure
+        then, waiting briefly for more under load: rows.Queue). A request
+        is still stored whole or not at all; a failure
         fails every request of its transaction, and each is retried."""
         mine = Write(profiles, made)
-        with self._queued:
-            self._queue.append(mine)
+        self._queue.add(mine)
         with self._lock:
             if not mine.done:
-                with self._queued:
-                    batch, self._queue = self._queue, []
+                batch = self._queue.take()
                 try:
                     self._write(batch)
                 except BaseException as exc:
