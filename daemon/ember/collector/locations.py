@@ -58,8 +58,6 @@ def mix(rows: U64) -> U64:
 def row_bytes(rows: U64) -> list[bytes]:
     """Each row of a 2-D array as bytes (a dict key)."""
     a = np.ascontiguousarray(rows, np.uint64)
-    if not a.shape[1]:
-        return [b""] * len(a)
     return cast(list[bytes], a.view(np.dtype((np.void, a.shape[1] * 8))).ravel().tolist())
 
 
@@ -121,7 +119,6 @@ class LocationMemo:
 
     def __init__(self) -> None:
         self._widths: dict[int, _Width] = {}
-        self._recent = 0
 
     def __len__(self) -> int:
         return sum(len(w.keys) + len(w.recent) for w in self._widths.values())
@@ -140,13 +137,10 @@ class LocationMemo:
             w = self._widths.get(width)
             if w is None:
                 w = self._widths[width] = _Width(width)
-            if key not in w.recent:
-                w.recent[key] = frames
-                self._recent += 1
-        if self._recent >= self.MERGE_AT:
+            w.recent.setdefault(key, frames)
+        if sum(len(w.recent) for w in self._widths.values()) >= self.MERGE_AT:
             if len(self) > self.MAX_ROWS:   # (keeping what was just learned)
                 for w in self._widths.values():
                     w.forget()
             for w in self._widths.values():
                 w.merge()
-            self._recent = 0
