@@ -17,6 +17,7 @@ from ember.collector.api import Api
 from ember.collector.store import Store
 from ember.collector.validate import DEFAULT_LIMITS, check_request
 from ember.proto import profilestore_pb2 as ps
+from tests.support.bounds import no_hang
 from tests.support.collector import series
 
 ROUTES = ["/api/v1/profile", "/api/v1/flamegraph", "/api/v1/diff", "/api/v1/top",
@@ -56,9 +57,8 @@ def api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Api]:
 @given(path=paths, query=queries)
 def test_any_parameters_answer_200_400_or_404(api: Api, path: str,
                                               query: dict[str, list[str]]) -> None:
-    t0 = time.thread_time()
-    code, body, ctype = api.handle(path, query)
-    assert time.thread_time() - t0 < 2
+    with no_hang((path, query)):
+        code, body, ctype = api.handle(path, query)
     assert code in (200, 400, 404), body[:200]
     if ctype == "application/json":
         answer = json.loads(body)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import gzip
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -21,6 +20,7 @@ from ember.collector.validate import InvalidRequest, Limits, check_request
 from ember.encode.pprof import to_proto
 from ember.proto import profile_pb2 as pb
 from ember.proto import profilestore_pb2 as ps
+from tests.support.bounds import no_hang
 from tests.support.collector import series
 from tests.support.profiles import cpu_profile, offcpu_profile
 from tests.support.store import served
@@ -41,18 +41,17 @@ def fuzz(examples: int) -> Any:
 
 
 def check(raw: bytes) -> None:
-    """The property: profiles or InvalidRequest, under 2 s; and what is
+    """The property: profiles or InvalidRequest, never a hang; and what is
     accepted merges and renders in every format."""
     s = ps.RawProfileSeries()
     s.CopyFrom(SERIES)
     del s.samples[0].executable_info[:]
     s.samples[0].raw_profile = raw
-    start = time.thread_time()
-    try:
-        stored = check_request(ps.WriteRawRequest(series=[s]), LIMITS, NOW)
-    except InvalidRequest:
-        stored = []
-    assert time.thread_time() - start < 2
+    with no_hang(raw[:200]):
+        try:
+            stored = check_request(ps.WriteRawRequest(series=[s]), LIMITS, NOW)
+        except InvalidRequest:
+            stored = []
     for p in stored:  # no exception: no profile without samples is refused
         _, api = served([p], copies=2)
         api.store.close()

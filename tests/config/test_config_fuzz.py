@@ -8,7 +8,6 @@ wrongly accepted."""
 from __future__ import annotations
 
 import re
-import time
 import tracemalloc
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ from ember.config.load import MAX_NODES, MAX_TEXT
 from ember.config.options import keys_of
 from ember.errors import ConfigError
 from tests.support import ROOT
+from tests.support.bounds import no_hang
 
 MESSAGE = re.compile(r"^f\.yaml:\d+: [\w.()\[\] -]+: .+")
 
@@ -34,14 +34,13 @@ def fuzz(examples: int) -> Any:
 
 def check(text: str) -> None:
     """The property: a Config, or a one-line ConfigError naming file, line
-    and key; nothing else, and under 2 s."""
-    start = time.thread_time()
-    try:
-        assert isinstance(config.loads(text, "f.yaml"), config.Config)
-    except ConfigError as exc:
-        message = str(exc)
-        assert MESSAGE.match(message) and "\n" not in message, message
-    assert time.thread_time() - start < 2, text[:200]
+    and key; nothing else, and never a hang."""
+    with no_hang(text[:200]):
+        try:
+            assert isinstance(config.loads(text, "f.yaml"), config.Config)
+        except ConfigError as exc:
+            message = str(exc)
+            assert MESSAGE.match(message) and "\n" not in message, message
 
 
 def dotted_keys(cls: type[Any], prefix: str) -> list[str]:
@@ -181,15 +180,14 @@ def test_alias_bomb_is_refused_at_once(key: str) -> None:
     text = billion_laughs(key)
     assert len(text) < 600
     tracemalloc.start()
-    start = time.thread_time()
     try:
-        with pytest.raises(ConfigError, match=rf"^f\.yaml:\d+: {re.escape(key)}: more than "
-                                              rf"{MAX_NODES} values"):
+        refused = rf"^f\.yaml:\d+: {re.escape(key)}: more than {MAX_NODES} values"
+        with no_hang(text), pytest.raises(ConfigError, match=refused):
             config.loads(text, "f.yaml")
-        elapsed, peak = time.thread_time() - start, tracemalloc.get_traced_memory()[1]
+        peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
-    assert elapsed < 1 and peak < 100 << 20, (elapsed, peak)
+    assert peak < 100 << 20, peak
 
 
 @pytest.mark.parametrize(("text", "message"), [
