@@ -9,7 +9,7 @@ import random
 import numpy as np
 import pytest
 
-from ember.collector.intern import IdSet
+from ember.collector.intern import _ODD, IdSet, _repeats
 
 
 def test_an_id_set_answers_as_a_set_of_the_same_ids(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -32,3 +32,21 @@ def test_an_id_set_answers_as_a_set_of_the_same_ids(monkeypatch: pytest.MonkeyPa
     assert np.uint64(first[0]) in ids and -1 not in ids and "x" not in ids and (1 << 64) not in ids
     assert ids.known(np.zeros(0, np.uint64)).tolist() == []
     assert IdSet().known(np.array([1, 2], np.uint64)).tolist() == [False, False]
+
+
+def test_repeated_pairs_are_found_even_when_their_folded_words_meet() -> None:
+    """``_repeats`` folds (thread, stack) into one word: words that meet
+    send the pairs to be compared, so only equal pairs answer yes."""
+    rng = np.random.default_rng(4)
+    thread = rng.integers(0, 1 << 63, 50, dtype=np.uint64)
+    stack = rng.integers(0, 1 << 63, 50, dtype=np.uint64)
+    assert not _repeats(thread, stack)
+    # pair 1 made to fold to pair 0's word, with another thread and stack
+    times = thread * _ODD   # (arrays: they wrap without a warning)
+    stack[1] = times[0] ^ stack[0] ^ times[1]
+    words = thread * _ODD ^ stack
+    assert words[0] == words[1] and (thread[0], stack[0]) != (thread[1], stack[1])
+    assert not _repeats(thread, stack)
+    thread[2], stack[2] = thread[0], stack[0]
+    assert _repeats(thread, stack)
+    assert not _repeats(thread[:0], stack[:0]) and not _repeats(thread[:1], stack[:1])
