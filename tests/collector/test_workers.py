@@ -20,6 +20,7 @@ from ember.collector.validate import DEFAULT_LIMITS, check_request
 from ember.encode.writeraw import make_series
 from ember.proto import profilestore_pb2 as ps
 from tests.support.profiles import fleet_profile
+from tests.support.waits import wait_for
 
 TABLES = ("samples", "frames", "stacks", "threads", "series", "leaves", "profiles")
 
@@ -95,5 +96,15 @@ def test_a_worker_that_dies_is_replaced() -> None:
         again, _ = pool.prepare(req, time.time_ns())
         assert [x.profile for x in again] == [x.profile for x in first]
         assert list(pool._pool._processes) != [pid]  # type: ignore[attr-defined]
+    finally:
+        pool.close()
+
+
+def test_the_pool_starts_its_processes_before_the_first_request() -> None:
+    pool = workers.Workers(2, DEFAULT_LIMITS)
+    try:
+        processes = pool._pool._processes  # type: ignore[attr-defined]
+        assert wait_for(lambda: len(processes) == 2 and all(
+            p.is_alive() for p in processes.values()), timeout=60), processes
     finally:
         pool.close()

@@ -76,7 +76,10 @@ def prepare(data: bytes, limits: Limits, now_ns: int
 
 
 class Workers:
-    """A pool of ``n`` decode processes (started at the first request)."""
+    """A pool of ``n`` decode processes, started at once: each process is
+    handed an empty request, so it has imported what it runs and made its
+    interner before the first write comes (a pool started by the first
+    writes held them about a second longer)."""
 
     def __init__(self, n: int, limits: Limits):
         self.n, self.limits = n, limits
@@ -85,7 +88,10 @@ class Workers:
 
     def _start(self) -> ProcessPoolExecutor:
         # forkserver: the collector has threads, which fork would copy mid-state
-        return ProcessPoolExecutor(self.n, mp_context=multiprocessing.get_context("forkserver"))
+        pool = ProcessPoolExecutor(self.n, mp_context=multiprocessing.get_context("forkserver"))
+        for _ in range(self.n):   # (each submit with none idle starts a process)
+            pool.submit(prepare, b"", self.limits, 0)
+        return pool
 
     def prepare(self, request: ps.WriteRawRequest, now_ns: int
                 ) -> tuple[list[Prepared], Counter[str]]:
