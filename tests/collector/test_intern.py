@@ -8,8 +8,11 @@ import random
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from ember.collector.intern import _ODD, IdSet, _repeats
+from ember.collector.intern import _ODD, IdSet, _repeats, content_id, frame_id, mapping_fields
+from ember.model import Frame, FrameKind, Mapping
 
 
 def test_an_id_set_answers_as_a_set_of_the_same_ids(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -50,3 +53,22 @@ def test_repeated_pairs_are_found_even_when_their_folded_words_meet() -> None:
     thread[2], stack[2] = thread[0], stack[0]
     assert _repeats(thread, stack)
     assert not _repeats(thread[:0], stack[:0]) and not _repeats(thread[:1], stack[:1])
+
+
+NAMES = st.text(st.characters(codec=None, exclude_categories=()), max_size=12)
+MAPPINGS = st.one_of(st.none(), st.builds(
+    Mapping, st.integers(0, (1 << 64) - 1), st.integers(0, (1 << 64) - 1),
+    st.integers(0, (1 << 64) - 1), NAMES, NAMES, st.booleans()))
+
+
+@settings(max_examples=2_000, deadline=None, derandomize=True)
+@given(st.builds(Frame, NAMES, st.sampled_from(FrameKind), MAPPINGS,
+                 st.integers(0, (1 << 64) - 1), NAMES, NAMES, st.integers(-(1 << 63), 1 << 63),
+                 st.booleans()))
+def test_a_frames_id_is_the_content_id_of_its_fields(frame: Frame) -> None:
+    """frame_id writes the JSON itself: it must be the id every store
+    already holds for the frame (any strings: quotes, controls, lone
+    surrogates, astral planes)."""
+    assert frame_id(frame) == content_id(
+        "frame", frame.name, str(frame.kind), mapping_fields(frame.mapping), frame.address,
+        frame.system_name, frame.file, frame.line, frame.inlined)

@@ -15,6 +15,7 @@ stored range read back as pprof carries what the agents sent.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from array import array
@@ -62,8 +63,26 @@ def mapping_fields(m: Mapping | None) -> tuple[object, ...] | None:
 
 
 def frame_id(f: Frame) -> int:
-    return content_id("frame", f.name, str(f.kind), mapping_fields(f.mapping), f.address,
-                      f.system_name, f.file, f.line, f.inlined)
+    """``content_id("frame", name, kind, mapping fields, address, system
+    name, file, line, inlined)``, its JSON written here: the strings through
+    the encoder ``json.dumps`` uses, the mapping's JSON kept. A profile's
+    first read makes a frame for each of its 5,000 locations, and
+    ``json.dumps`` took a third of that."""
+    inlined = "true" if f.inlined else "false"
+    text = (f'["frame",{_string(f.name)},{_string(str(f.kind))},{_mapping_json(f.mapping)},'
+            f'{int(f.address)},{_string(f.system_name)},{_string(f.file)},{int(f.line)},'
+            f'{inlined}]')
+    digest = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).digest()
+    return int.from_bytes(digest, "little")
+
+
+#: A str as JSON, as ``json.dumps(..., ensure_ascii=False)`` writes it.
+_string = json.encoder.encode_basestring
+
+
+@functools.lru_cache(maxsize=4096)
+def _mapping_json(m: Mapping | None) -> str:
+    return json.dumps(mapping_fields(m), ensure_ascii=False, separators=(",", ":"))
 
 
 def series_id(labels_json: str) -> int:
