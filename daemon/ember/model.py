@@ -83,6 +83,14 @@ class Frame:
         """A frame ember made up (no address) to keep a sample visible."""
         return cls(name=name, kind=kind)
 
+    def __reduce__(self) -> tuple[type[Frame], tuple[object, ...]]:
+        """Pickled as its fields, made again by ``__init__``: the default for
+        a slotted dataclass sets each field in a Python loop, and 5,000
+        frames (what a decode worker sends for a profile of a program new to
+        it) took 14-23 ms to pickle and 13 ms to load, against 3.4 and 5.5."""
+        return (Frame, (self.name, self.kind, self.mapping, self.address, self.system_name,
+                        self.file, self.line, self.inlined))
+
 
 @dataclass(frozen=True, slots=True)
 class Sample:

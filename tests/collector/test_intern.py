@@ -4,6 +4,7 @@ at a time and many at once, across the merges of its recent ids."""
 
 from __future__ import annotations
 
+import pickle
 import random
 
 import numpy as np
@@ -11,7 +12,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ember.collector.intern import _ODD, IdSet, _repeats, content_id, frame_id, mapping_fields
+from ember.collector.intern import (
+    _ODD,
+    IdSet,
+    Interner,
+    Rows,
+    _repeats,
+    content_id,
+    frame_id,
+    mapping_fields,
+)
 from ember.model import Frame, FrameKind, Mapping
 
 
@@ -72,3 +82,35 @@ def test_a_frames_id_is_the_content_id_of_its_fields(frame: Frame) -> None:
     assert frame_id(frame) == content_id(
         "frame", frame.name, str(frame.kind), mapping_fields(frame.mapping), frame.address,
         frame.system_name, frame.file, frame.line, frame.inlined)
+    # (and a frame crosses to the collector from a decode worker unchanged)
+    again = pickle.loads(pickle.dumps(frame))
+    assert again == frame and hash(again) == hash(frame) and type(again.kind) is FrameKind
+
+
+def one_row(stack: int, new_stacks: dict[int, tuple[int, ...]],
+            new_frames: dict[int, Frame]) -> Rows:
+    rows = Rows(new_stacks=new_stacks, new_frames=new_frames)
+    for col in (rows.time_ns, rows.end_ns, rows.series, rows.type, rows.thread, rows.tname):
+        col.append(1)
+    rows.stack.append(stack)
+    for vs in rows.values:
+        vs.append(1)
+    return rows
+
+
+def test_rows_naming_a_frame_neither_stored_nor_sent_are_not_adopted() -> None:
+    """A worker's stack is adopted only if each of its frames is stored,
+    sent along, or already among the rows being written."""
+    it = Interner()
+    f = {i: Frame(f"f{i}", FrameKind.USER) for i in range(4)}
+    it.frames.update({0: f[0]})
+    it.stacks.update([100])
+    assert it.adopt(Rows(), one_row(100, {}, {}))                     # stored stack
+    assert not it.adopt(Rows(), one_row(101, {}, {}))                 # stack not sent
+    assert it.adopt(Rows(), one_row(101, {101: (0, 1)}, {1: f[1]}))   # frame 1 sent along
+    assert not it.adopt(Rows(), one_row(101, {101: (0, 1, 2)}, {1: f[1]}))   # 2 is not
+    pending = Rows(new_frames={2: f[2]})
+    assert it.adopt(pending, one_row(101, {101: (0, 1, 2)}, {1: f[1]}))   # 2 in the write
+    assert set(pending.new_frames) == {1, 2} and set(pending.new_stacks) == {101}
+    it.stacks.update([102])   # a stored stack sent again: its frames are not asked for
+    assert it.adopt(Rows(), one_row(102, {102: (3,)}, {}))
