@@ -68,6 +68,26 @@ static __always_inline struct ember_thread *ember_census_read(struct task_struct
     t->state = ember_census_state(raw);
     t->flags = (on_cpu ? EMBER_THREAD_ON_CPU : 0) | (pflags & EMBER_PF_KTHREAD
                                                      ? EMBER_THREAD_KERNEL : 0);
+    t->switched = t->rq_now = 0;
+#ifdef EMBER_RQ_CLOCK
+    /* The switch-out on the runqueue clock: the last switch-in (sched_info)
+     * plus the run that followed it (exec_start's clock, so short by the
+     * stolen and interrupt time of that one run, not of the whole block). */
+    u64 arrival = 0, sum = 0, prev = 0;
+    bpf_probe_read_kernel(&arrival, sizeof(arrival), base + EMBER_TASK_LAST_ARRIVAL);
+    bpf_probe_read_kernel(&sum, sizeof(sum), base + EMBER_TASK_SUM_EXEC);
+    bpf_probe_read_kernel(&prev, sizeof(prev), base + EMBER_TASK_PREV_SUM_EXEC);
+    if (arrival && sum >= prev)
+        t->switched = arrival + (sum - prev);
+    /* The reader runs, so its runqueue's clock was updated when it was last
+     * switched in or ticked: "now" on the same clock, read with now. */
+    char *cur = (char *)bpf_get_current_task(), *cfs = 0, *rq = 0;
+    bpf_probe_read_kernel(&cfs, sizeof(cfs), cur + EMBER_TASK_CFS_RQ);
+    if (cfs)
+        bpf_probe_read_kernel(&rq, sizeof(rq), cfs + EMBER_CFS_RQ_RQ);
+    if (rq)
+        bpf_probe_read_kernel(&t->rq_now, sizeof(t->rq_now), rq + EMBER_RQ_CLOCK);
+#endif
     t->now = bpf_ktime_get_ns();
     t->ip = t->sp = t->bp = 0;
     if (!(pflags & EMBER_PF_KTHREAD)) {

@@ -211,6 +211,10 @@ struct ember_thread {
     __u64 exec_start;       /* se.exec_start: when it last went on or off a CPU
                              * (the scheduler's clock, not bpf_ktime_get_ns) */
     __u64 now;              /* bpf_ktime_get_ns() when it was looked at */
+    __u64 switched;         /* its last switch-out on the runqueue clock (sched_clock,
+                             * which, unlike exec_start's, counts stolen and
+                             * interrupt time); 0: unknown */
+    __u64 rq_now;           /* the reader's runqueue clock at `now`; 0: unknown */
     __u64 ip;               /* the user registers it entered the kernel with */
     __u64 sp;
     __u64 bp;

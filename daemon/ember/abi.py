@@ -222,6 +222,8 @@ class Thread(ct.Structure):
         ("flags", ct.c_uint32),
         ("exec_start", ct.c_uint64),
         ("now", ct.c_uint64),
+        ("switched", ct.c_uint64),
+        ("rq_now", ct.c_uint64),
         ("ip", ct.c_uint64),
         ("sp", ct.c_uint64),
         ("bp", ct.c_uint64),

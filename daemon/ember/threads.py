@@ -25,12 +25,13 @@ last kernel entry: no user stack is shown for a thread running right now.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from . import abi
 from .errors import BpfError, SymbolizationError
-from .kernel.census import SchedClock, ThreadNow, threads
+from .kernel.census import SchedClock, ThreadNow, needs_task_clock, threads
 from .kernel.drain import STACK_NOT_REQUESTED, Stack
 from .kernel.program import Program, self_tgid
 from .kernel.programs import program_kind
@@ -83,9 +84,14 @@ class Census:
         self.program.configure(cfg)
 
     def take(self) -> list[ThreadNow]:
-        """Every thread of the processes looked at, now (clocks measured first)."""
-        self.clock.calibrate()
-        return threads(self.program.census(), self.clock)
+        """Every thread of the processes looked at, now."""
+        # off the CPU and back: the reader's runqueue clock, the census's
+        # "now" on that clock, is then as fresh as it gets
+        time.sleep(0.0002)
+        raw = self.program.census()
+        if needs_task_clock(raw):
+            self.clock.calibrate()
+        return threads(raw, self.clock)
 
     def user_stack(self, t: ThreadNow) -> Stack:
         if t.kernel_thread:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 from ember import abi
-from ember.kernel.census import SchedClock, _exec_start_ns, threads
+from ember.kernel.census import SchedClock, _exec_start_ns, needs_task_clock, threads
 
 SCHED = """python3 (1234, #threads: 1)
 -------------------------------------------------------------------
@@ -46,6 +46,26 @@ def test_threads_put_exec_start_on_the_monotonic_clock_of_its_cpu() -> None:
     # no kernel stack: said why
     [failed] = threads([raw(kernel_len=-14)], clock)
     assert failed.kernel.problem == "error"
+
+
+def test_threads_time_a_block_on_the_runqueue_clock_when_they_have_it() -> None:
+    # the task clock (exec_start) lost 2 s to steal during the block; the
+    # runqueue clock did not: the block is rq_now - switched long
+    clock = SchedClock()
+    clock.offsets = {1: 20_000}
+    t = raw(switched=5_000_000_000, rq_now=65_000_000_000, now=70_000_000_000,
+            exec_start=3_000_000_000)
+    [now] = threads([t], clock)
+    assert now.off_cpu_ns == 60_000_000_000 and now.since_ns == 10_000_000_000
+    assert not needs_task_clock([t])
+    # a switch-out stamped after the reader's (older) clock: blocked from now
+    [late] = threads([raw(switched=9, rq_now=5, now=70)], clock)
+    assert late.since_ns == 70 and late.off_cpu_ns == 0
+    # without the runqueue clock: the task clock, so SchedClock is needed,
+    # unless the thread is on a CPU (then since does not matter)
+    assert needs_task_clock([raw(switched=0, rq_now=65)])
+    assert needs_task_clock([raw(switched=5, rq_now=0)])
+    assert not needs_task_clock([raw(flags=abi.THREAD_ON_CPU, state=abi.STATE_RUNNABLE)])
 
 
 def test_calibration_measures_every_cpu_it_may_run_on() -> None:

@@ -124,4 +124,26 @@ def task_offsets(path: Path = VMLINUX) -> dict[str, int]:
         "EMBER_TASK_COMM": off("task_struct", "comm"),
         "EMBER_TASK_EXEC_START": off("task_struct", "se") + off("sched_entity", "exec_start"),
         "EMBER_TASK_CPU": off("task_struct", "thread_info") + off("thread_info", "cpu"),
+        **_sched_clock_offsets(btf),
     }
+
+
+def _sched_clock_offsets(btf: Btf) -> dict[str, int]:
+    """Where a task's last switch-out is on the runqueue clock, and where
+    the reader's runqueue keeps that clock now (bpf/census.h). Empty when the
+    kernel lacks them (no CONFIG_SCHED_INFO or CONFIG_FAIR_GROUP_SCHED): the
+    census then times blocks by se.exec_start alone (kernel/census.py)."""
+    off = btf.offset
+    try:
+        se = off("task_struct", "se")
+        return {
+            "EMBER_TASK_LAST_ARRIVAL": off("task_struct", "sched_info")
+            + off("sched_info", "last_arrival"),
+            "EMBER_TASK_SUM_EXEC": se + off("sched_entity", "sum_exec_runtime"),
+            "EMBER_TASK_PREV_SUM_EXEC": se + off("sched_entity", "prev_sum_exec_runtime"),
+            "EMBER_TASK_CFS_RQ": se + off("sched_entity", "cfs_rq"),
+            "EMBER_CFS_RQ_RQ": off("cfs_rq", "rq"),
+            "EMBER_RQ_CLOCK": off("rq", "clock"),
+        }
+    except BtfError:
+        return {}

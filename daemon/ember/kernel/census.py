@@ -2,14 +2,23 @@
 
 The census program (bpf/census.c, a task iterator) gives each thread's
 state, kernel stack, the user registers it entered the kernel with, the CPU
-it last ran on, and ``se.exec_start``: when it last went on or off a CPU.
-That is the scheduler's task clock of that CPU, sched_clock less the time
-the CPU was stolen by the hypervisor (and in interrupts, with IRQ time
-accounting), so it runs behind CLOCK_MONOTONIC (bpf_ktime_get_ns) by a
-different amount on each CPU, and the amount grows. ``SchedClock`` measures
-it per CPU when asked: a thread pinned to the CPU sleeps a moment, then
-reads its own exec_start (``/proc/thread-self/sched``), which is then its
-switch-in time.
+it last ran on, and when it last went off a CPU, on two clocks:
+
+- ``switched``, on the runqueue clock (sched_clock), with ``rq_now``, that
+  clock on the reader's CPU when the census looked (and ``now``, the same
+  moment on CLOCK_MONOTONIC). The runqueue clock runs at the monotonic
+  clock's rate, so a block's length is ``rq_now - switched``.
+- ``se.exec_start``: the scheduler's task clock of that CPU, which is
+  sched_clock less the time the CPU was stolen by the hypervisor and spent
+  in interrupts. It runs behind CLOCK_MONOTONIC by a different amount on
+  each CPU, and the amount grows with that time: a loaded VM loses 1-3% of
+  each CPU's time that way, so a thread blocked for a minute would seem
+  blocked for up to 2 s less. It times a block only when the kernel lacks
+  the runqueue clock's fields (no CONFIG_FAIR_GROUP_SCHED or
+  CONFIG_SCHED_INFO); ``SchedClock`` then measures each CPU's offset as
+  late as it can: a thread pinned to the CPU sleeps a moment, then reads its
+  own exec_start (``/proc/thread-self/sched``), which is then its switch-in
+  time. exec_start still tells whether a thread ran between two censuses.
 """
 
 from __future__ import annotations
@@ -113,6 +122,21 @@ class ThreadNow:
         return max(0, self.now_ns - self.since_ns)
 
 
+def needs_task_clock(raw: Sequence[abi.Thread]) -> bool:
+    """Whether some thread off the CPU has no switch-out on the runqueue
+    clock (the kernel lacks its fields): SchedClock must then be measured."""
+    return any(not (t.switched and t.rq_now) for t in raw
+               if not t.flags & abi.THREAD_ON_CPU)
+
+
+def _since(t: abi.Thread, clock: SchedClock) -> int | None:
+    if t.switched and t.rq_now:
+        # a switch-out a moment after the reader's runqueue clock was last
+        # updated reads as now, never as later
+        return int(t.now) - max(0, int(t.rq_now) - int(t.switched))
+    return clock.monotonic(t.cpu, t.exec_start)
+
+
 def threads(raw: Sequence[abi.Thread], clock: SchedClock) -> list[ThreadNow]:
     out = []
     for t in raw:
@@ -123,6 +147,6 @@ def threads(raw: Sequence[abi.Thread], clock: SchedClock) -> list[ThreadNow]:
             pid=t.pid, tid=t.tid, comm=t.comm.split(b"\0", 1)[0].decode("utf-8", "replace"),
             state=t.state, on_cpu=bool(t.flags & abi.THREAD_ON_CPU),
             kernel_thread=bool(t.flags & abi.THREAD_KERNEL),
-            since_ns=clock.monotonic(t.cpu, t.exec_start), now_ns=t.now,
+            since_ns=_since(t, clock), now_ns=t.now,
             ip=t.ip, sp=t.sp, bp=t.bp, kernel=kernel, exec_start=t.exec_start))
     return out
