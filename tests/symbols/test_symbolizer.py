@@ -236,6 +236,21 @@ def test_cache_is_bounded(tmp_path: Path, fixture_bin: Path) -> None:
     assert len(cache) == 1
 
 
+def test_cache_resized_keeps_what_fits(fixture_bin: Path) -> None:
+    # the agent sizes it again once its BPF programs are loaded
+    cache = ObjectCache()
+    names = ("pie_main", "libember_demo.so", "cpu_shares")
+    for name in names:
+        cache.open([fixture_bin / name])
+    assert len(cache) == 3
+    cache.resize(1)
+    assert len(cache) == 1 and cache.max_bytes == 1 and cache.dwarf.max_bytes == 1
+    cache.resize(256 << 20)
+    for name in names:
+        cache.open([fixture_bin / name])
+    assert len(cache) == 3
+
+
 def test_live_process(fixture_bin: Path) -> None:
     """A real process: maps from the live /proc, addresses from nm plus the
     load base the kernel chose."""

@@ -120,6 +120,11 @@ class Agent:
         self.session.load()
         self._apply_targets()
         self.session.attach()
+        # the symbol tables get a share of what the limit leaves above the
+        # agent as it runs: measured now, with the programs compiled and
+        # loaded (10-25 MB more than at construction), or the cache alone
+        # would keep RSS above the governor's high-water mark
+        self.symbolizer.objects.resize(symbol_budget(self.cfg.memory_limit, rss_bytes()))
         self._window_start_ns = time.time_ns()
         for exporter in self.exporters.values():
             exporter.shipper.start()

@@ -70,6 +70,11 @@ class ObjectCache:
     def max_bytes(self) -> int:
         return self.tables.max_bytes
 
+    def resize(self, max_bytes: int) -> None:
+        """A new byte budget (evicting what no longer fits)."""
+        self.tables.resize(max_bytes=max_bytes)
+        self.dwarf.resize(max_bytes=max_bytes)
+
     def open(self, candidates: Sequence[Path], inode: int = 0
              ) -> tuple[ObjectKey | None, ElfSymbols | None]:
         """The first candidate that opens. With the mapping's inode, a path
