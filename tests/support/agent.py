@@ -9,6 +9,7 @@ from pathlib import Path
 
 from ember import config
 from ember.agent.controller import Agent
+from ember.agent.memory import rss_bytes
 from ember.config import AgentConfig, Targets
 
 
@@ -27,8 +28,12 @@ def running_agent(cfg: AgentConfig) -> Iterator[Agent]:
 
 
 def agent_cfg(tmp_path: Path, port: int, pid: int, **kw: object) -> AgentConfig:
+    # In this process the governor measures the test run's RSS too (over
+    # 200 MiB late in the suite): the default limit on top of that, or it
+    # would empty every cache after every drain.
     settings: dict[str, object] = {
         "collector": f"127.0.0.1:{port}", "interval": 1.0, "frequency": 499,
         "metrics_listen": "127.0.0.1:0", "spool_dir": str(tmp_path / "spool"),
-        "targets": Targets(pids=(pid,)), "max_backoff": 1.0}
+        "targets": Targets(pids=(pid,)), "max_backoff": 1.0,
+        "memory_limit": rss_bytes() + AgentConfig().memory_limit}
     return config.override(AgentConfig(), **{**settings, **kw})
