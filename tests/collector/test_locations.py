@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from ember.collector import locations
-from ember.collector.locations import LocationMemo, row_bytes
+from ember.collector.locations import LocationMemo
+from ember.collector.memo import row_bytes
 
 
 def _rows(rng: random.Random, width: int, n: int) -> np.ndarray:

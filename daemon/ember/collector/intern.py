@@ -33,8 +33,9 @@ from ..encode.pprof import MappingKey, location_frames, sample_context
 from ..model import Frame, Mapping
 from ..proto import profile_pb2 as pb
 from . import decode
-from .locations import LocationMemo, RowKey, row_bytes
-from .stackids import StackIds
+from .locations import LocationMemo, RowKey
+from .memo import row_bytes
+from .stackids import StackIds, stack_digest
 
 #: Values kept per sample (a profile with more sample types is refused).
 MAX_VALUES = 4
@@ -42,18 +43,24 @@ MAX_VALUES = 4
 ThreadKey = tuple[int, int, str, tuple[tuple[str, str], ...]]
 
 
+#: Content as the JSON its ids are taken of (what ``json.dumps`` with these
+#: settings writes).
+_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
+
+
 def content_id(*parts: object) -> int:
     """A 64-bit id of JSON-encodable content, the same in every store."""
-    text = json.dumps(parts, ensure_ascii=False, separators=(",", ":"))
+    return _text_id(_JSON.encode(parts))
+
+
+def _text_id(text: str) -> int:
     digest = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).digest()
     return int.from_bytes(digest, "little")
 
 
 def stack_id(frame_ids: Sequence[int]) -> int:
     """The id of a stack: its frame ids, root first."""
-    digest = hashlib.blake2b(array("Q", frame_ids).tobytes(), digest_size=8,
-                             person=b"ember-stack").digest()
-    return int.from_bytes(digest, "little")
+    return stack_digest(array("Q", frame_ids).tobytes())
 
 
 def mapping_fields(m: Mapping | None) -> tuple[object, ...] | None:
@@ -69,11 +76,10 @@ def frame_id(f: Frame) -> int:
     first read makes a frame for each of its 5,000 locations, and
     ``json.dumps`` took a third of that."""
     inlined = "true" if f.inlined else "false"
-    text = (f'["frame",{_string(f.name)},{_string(str(f.kind))},{_mapping_json(f.mapping)},'
-            f'{int(f.address)},{_string(f.system_name)},{_string(f.file)},{int(f.line)},'
-            f'{inlined}]')
-    digest = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).digest()
-    return int.from_bytes(digest, "little")
+    return _text_id(
+        f'["frame",{_string(f.name)},{_string(str(f.kind))},{_mapping_json(f.mapping)},'
+        f'{int(f.address)},{_string(f.system_name)},{_string(f.file)},{int(f.line)},'
+        f'{inlined}]')
 
 
 #: A str as JSON, as ``json.dumps(..., ensure_ascii=False)`` writes it.
@@ -82,7 +88,7 @@ _string = json.encoder.encode_basestring
 
 @functools.lru_cache(maxsize=4096)
 def _mapping_json(m: Mapping | None) -> str:
-    return json.dumps(mapping_fields(m), ensure_ascii=False, separators=(",", ":"))
+    return _JSON.encode(mapping_fields(m))
 
 
 def series_id(labels_json: str) -> int:

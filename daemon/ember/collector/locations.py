@@ -30,10 +30,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable
-from typing import cast
 
 import numpy as np
 import numpy.typing as npt
+
+from .memo import SortedMemo
 
 U64 = npt.NDArray[np.uint64]
 #: A row (mapping, address, lines, then (function hash, line) per line) as
@@ -55,73 +56,18 @@ def mix(rows: U64) -> U64:
     return h
 
 
-def row_bytes(rows: U64) -> list[bytes]:
-    """Each row of a 2-D array as bytes (a dict key)."""
-    a = np.ascontiguousarray(rows, np.uint64)
-    return cast(list[bytes], a.view(np.dtype((np.void, a.shape[1] * 8))).ravel().tolist())
-
-
-class _Width:
-    """The rows of one width: sorted arrays, and the rows learned since."""
-
-    def __init__(self, width: int) -> None:
-        self.width = width
-        self.cols = 3 + 2 * width
-        self.keys = np.zeros(0, np.uint64)
-        self.rows = np.zeros((0, self.cols), np.uint64)
-        self.frames = np.zeros((0, max(width, 1)), np.uint64)
-        self.recent: dict[bytes, tuple[int, ...]] = {}
-
-    def find(self, rows: U64) -> tuple[U64, npt.NDArray[np.bool_]]:
-        out = np.zeros((len(rows), max(self.width, 1)), np.uint64)
-        found = np.zeros(len(rows), bool)
-        if len(self.keys) and len(rows):
-            q = mix(rows)
-            order = np.argsort(q)   # (sorted, the search walks the table once)
-            at = np.empty(len(q), np.intp)
-            at[order] = np.searchsorted(self.keys, q[order])
-            at = at.clip(0, len(self.keys) - 1)
-            found = (self.keys[at] == q) & (self.rows[at] == rows).all(axis=1)
-            out[found] = self.frames[at[found]]
-        if self.recent:
-            rest = np.flatnonzero(~found)
-            recent = self.recent
-            for i, key in zip(rest.tolist(), row_bytes(rows[rest]), strict=True):
-                got = recent.get(key)
-                if got is not None:
-                    out[i] = got
-                    found[i] = True
-        return out, found
-
-    def forget(self) -> None:
-        self.keys, self.rows, self.frames = self.keys[:0], self.rows[:0], self.frames[:0]
-
-    def merge(self) -> None:
-        if not self.recent:
-            return
-        rows = np.frombuffer(b"".join(self.recent), np.uint64).reshape(-1, self.cols)
-        frames = np.array(list(self.recent.values()), np.uint64).reshape(len(rows), -1)
-        keys = mix(rows)
-        order = np.argsort(keys, kind="stable")
-        keys, rows, frames = keys[order], rows[order], frames[order]
-        at = np.searchsorted(self.keys, keys)
-        self.keys = np.insert(self.keys, at, keys)
-        self.rows = np.insert(self.rows, at, rows, axis=0)
-        self.frames = np.insert(self.frames, at, frames, axis=0)
-        self.recent = {}
-
-
 class LocationMemo:
-    """Location rows -> their frame ids (root first), by width."""
+    """Location rows -> their frame ids (root first), by width: a
+    ``SortedMemo`` per width, its rows keyed by ``mix``."""
 
     MERGE_AT = 1 << 12
     MAX_ROWS = 1 << 21   # (about 110 MB of one-line rows)
 
     def __init__(self) -> None:
-        self._widths: dict[int, _Width] = {}
+        self._widths: dict[int, SortedMemo] = {}
 
     def __len__(self) -> int:
-        return sum(len(w.keys) + len(w.recent) for w in self._widths.values())
+        return sum(len(w) for w in self._widths.values())
 
     def find(self, width: int, rows: U64) -> tuple[U64, npt.NDArray[np.bool_]]:
         """For rows of ``width`` lines: their frames (one row each, padded to
@@ -136,8 +82,8 @@ class LocationMemo:
         for (width, key), frames in learned:
             w = self._widths.get(width)
             if w is None:
-                w = self._widths[width] = _Width(width)
-            w.recent.setdefault(key, frames)
+                w = self._widths[width] = SortedMemo(3 + 2 * width, max(width, 1), mix)
+            w.learn(key, frames)
         if sum(len(w.recent) for w in self._widths.values()) >= self.MERGE_AT:
             if len(self) > self.MAX_ROWS:   # (keeping what was just learned)
                 for w in self._widths.values():

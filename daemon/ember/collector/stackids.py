@@ -14,7 +14,7 @@ chance of 2^-64, and both with 2^-128: far less than the chance of two
 stacks sharing an id (2^-64), which the store accepts. No sender sees the
 keys, so none can choose stacks that meet.
 
-Keys learned since the last merge wait in a dict until there are
+Keys learned since the last merge wait (memo.py) until there are
 ``MERGE_AT`` of them. Past ``MAX_STACKS`` the memo forgets all but those,
 and what it forgets is hashed again.
 """
@@ -27,9 +27,10 @@ import os
 import numpy as np
 import numpy.typing as npt
 
+from .memo import SortedMemo, row_bytes
+
 U64 = npt.NDArray[np.uint64]
 I64 = npt.NDArray[np.int64]
-Key = tuple[int, int, int]   # (first sum, second sum, depth)
 
 
 def _mix(x: U64, k: U64) -> U64:
@@ -43,32 +44,39 @@ def _mix(x: U64, k: U64) -> U64:
     return x
 
 
+def stack_digest(frame_ids: bytes | memoryview) -> int:
+    """A stack's id from its frame ids as little-endian 64-bit words, root
+    first: the one definition (``intern.stack_id`` and ``blake2b_ids``)."""
+    return int.from_bytes(hashlib.blake2b(frame_ids, digest_size=8,
+                                          person=b"ember-stack").digest(), "little")
+
+
 def blake2b_ids(flat: U64, bounds: I64, which: list[int]) -> list[int]:
-    """``intern.stack_id`` of stacks ``which``: stack ``i`` is
+    """``stack_digest`` of stacks ``which``: stack ``i`` is
     ``flat[bounds[i]:bounds[i + 1]]``."""
     view = memoryview(np.ascontiguousarray(flat, np.uint64).tobytes())
     b = bounds.tolist()
-    return [int.from_bytes(hashlib.blake2b(view[b[i] * 8:b[i + 1] * 8], digest_size=8,
-                                           person=b"ember-stack").digest(), "little")
-            for i in which]
+    return [stack_digest(view[b[i] * 8:b[i + 1] * 8]) for i in which]
+
+
+def _first(rows: U64) -> U64:
+    return np.ascontiguousarray(rows[:, 0])
 
 
 class StackIds:
-    """Stacks (frame ids, root first) -> their ids, remembered by key."""
+    """Stacks (frame ids, root first) -> their ids, remembered by key: a
+    ``SortedMemo`` of rows (first sum, second sum, depth), sorted by the
+    first sum."""
 
     MERGE_AT = 1 << 12
     MAX_STACKS = 1 << 20   # (32 bytes each)
 
     def __init__(self) -> None:
         self._k = np.frombuffer(os.urandom(8 * 7), np.uint64) | np.uint64(1)
-        self._first = np.zeros(0, np.uint64)    # sorted
-        self._second = np.zeros(0, np.uint64)
-        self._depth = np.zeros(0, np.int64)
-        self._ids = np.zeros(0, np.uint64)
-        self._recent: dict[Key, int] = {}
+        self._memo = SortedMemo(3, 1, _first)
 
     def __len__(self) -> int:
-        return len(self._first) + len(self._recent)
+        return len(self._memo)
 
     def keys(self, flat: U64, bounds: I64) -> tuple[U64, U64]:
         """Each stack's two sums (stack ``i``: ``flat[bounds[i]:bounds[i + 1]]``)."""
@@ -87,44 +95,22 @@ class StackIds:
     def ids(self, flat: U64, bounds: I64) -> U64:
         """The id of each stack ``flat[bounds[i]:bounds[i + 1]]``."""
         first, second = self.keys(flat, bounds)
-        depth = np.diff(bounds)
-        n = len(depth)
-        out = np.zeros(n, np.uint64)
-        found = np.zeros(n, bool)
-        if len(self._first) and n:
-            at = np.searchsorted(self._first, first).clip(0, len(self._first) - 1)
-            found = ((self._first[at] == first) & (self._second[at] == second)
-                     & (self._depth[at] == depth))
-            out[found] = self._ids[at[found]]
+        rows = np.stack([first, second, np.diff(bounds).astype(np.uint64)], axis=1)
+        got, found = self._memo.find(rows)
+        out = got.reshape(-1)
         rest = np.flatnonzero(~found).tolist()
         if not rest:
             return out
-        keys = list(zip(first[rest].tolist(), second[rest].tolist(), depth[rest].tolist(),
-                        strict=True))
-        recent = self._recent
-        new: dict[Key, int] = {}   # (a stack twice in the profile: hashed once)
+        new: dict[bytes, int] = {}   # (a stack twice in the profile: hashed once)
+        keys = row_bytes(rows[rest])
         for i, key in zip(rest, keys, strict=True):
-            if key not in recent and key not in new:
-                new[key] = i
-        for key, sid in zip(new, blake2b_ids(flat, bounds, list(new.values())), strict=True):
-            recent[key] = sid
-        out[rest] = np.array([recent[key] for key in keys], np.uint64)
-        if len(recent) >= self.MERGE_AT:
-            self._merge()
+            new.setdefault(key, i)
+        ids = dict(zip(new, blake2b_ids(flat, bounds, list(new.values())), strict=True))
+        for key, sid in ids.items():
+            self._memo.learn(key, (sid,))
+        out[rest] = np.array([ids[key] for key in keys], np.uint64)
+        if len(self._memo.recent) >= self.MERGE_AT:
+            if len(self._memo) > self.MAX_STACKS:   # (keeping what was just learned)
+                self._memo.forget()
+            self._memo.merge()
         return out
-
-    def _merge(self) -> None:
-        if len(self) > self.MAX_STACKS:   # (keeping what was just learned)
-            self._first, self._second = self._first[:0], self._second[:0]
-            self._depth, self._ids = self._depth[:0], self._ids[:0]
-        m = len(self._recent)
-        keys = np.array(list(self._recent), np.uint64).reshape(m, 3)
-        ids = np.fromiter(self._recent.values(), np.uint64, m)
-        order = np.argsort(keys[:, 0], kind="stable")
-        keys, ids = keys[order], ids[order]
-        at = np.searchsorted(self._first, keys[:, 0])
-        self._first = np.insert(self._first, at, keys[:, 0])
-        self._second = np.insert(self._second, at, keys[:, 1])
-        self._depth = np.insert(self._depth, at, keys[:, 2].astype(np.int64))
-        self._ids = np.insert(self._ids, at, ids)
-        self._recent = {}

@@ -1,0 +1,91 @@
+"""Rows of 64-bit words mapped to values, looked up a batch at a time: the
+memory of what an interner has seen, for rows that come by the thousand
+per profile and nearly all come again (locations.py, stackids.py).
+
+The rows are kept in arrays sorted by a 64-bit key of each row (whatever
+the user's ``key`` function gives: a keyed mix of the row, or one of its
+words). A batch of rows is found with one ``searchsorted`` of its keys, and
+a row counts as found only if every one of its words is equal, so a key
+that two rows share costs a lookup, never a wrong value.
+
+Rows learned since the last merge wait in a dict (by their bytes) until
+the owner merges them in; ``forget`` drops the sorted arrays, for an owner
+that keeps its memory under a ceiling (what is forgotten is made again).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import cast
+
+import numpy as np
+import numpy.typing as npt
+
+U64 = npt.NDArray[np.uint64]
+Found = npt.NDArray[np.bool_]
+
+
+def row_bytes(rows: U64) -> list[bytes]:
+    """Each row of a 2-D array as bytes (a dict key)."""
+    a = np.ascontiguousarray(rows, np.uint64)
+    return cast(list[bytes], a.view(np.dtype((np.void, a.shape[1] * 8))).ravel().tolist())
+
+
+class SortedMemo:
+    """Rows of ``cols`` words -> values of ``values`` words."""
+
+    def __init__(self, cols: int, values: int, key: Callable[[U64], U64]) -> None:
+        self.cols, self.width, self.key = cols, values, key
+        self.keys = np.zeros(0, np.uint64)            # sorted
+        self.rows = np.zeros((0, cols), np.uint64)
+        self.values = np.zeros((0, values), np.uint64)
+        self.recent: dict[bytes, tuple[int, ...]] = {}
+
+    def __len__(self) -> int:
+        return len(self.keys) + len(self.recent)
+
+    def find(self, rows: U64) -> tuple[U64, Found]:
+        """Each row's values (zeros if not found), and which were found."""
+        out = np.zeros((len(rows), self.width), np.uint64)
+        found = np.zeros(len(rows), bool)
+        if len(self.keys) and len(rows):
+            q = self.key(rows)
+            order = np.argsort(q)   # (sorted, the search walks the table once)
+            at = np.empty(len(q), np.intp)
+            at[order] = np.searchsorted(self.keys, q[order])
+            at = at.clip(0, len(self.keys) - 1)
+            found = (self.keys[at] == q) & (self.rows[at] == rows).all(axis=1)
+            out[found] = self.values[at[found]]
+        if self.recent:
+            rest = np.flatnonzero(~found)
+            recent = self.recent
+            for i, b in zip(rest.tolist(), row_bytes(rows[rest]), strict=True):
+                got = recent.get(b)
+                if got is not None:
+                    out[i] = got
+                    found[i] = True
+        return out, found
+
+    def learn(self, row: bytes, values: tuple[int, ...]) -> None:
+        """A row (as bytes) and its values, until the next merge (a row
+        already waiting keeps its values)."""
+        self.recent.setdefault(row, values)
+
+    def forget(self) -> None:
+        """Drop the merged rows (those waiting stay)."""
+        self.keys, self.rows, self.values = self.keys[:0], self.rows[:0], self.values[:0]
+
+    def merge(self) -> None:
+        """The rows waiting, into the sorted arrays."""
+        if not self.recent:
+            return
+        rows = np.frombuffer(b"".join(self.recent), np.uint64).reshape(-1, self.cols)
+        values = np.array(list(self.recent.values()), np.uint64).reshape(len(rows), -1)
+        keys = self.key(rows)
+        order = np.argsort(keys, kind="stable")
+        keys, rows, values = keys[order], rows[order], values[order]
+        at = np.searchsorted(self.keys, keys)
+        self.keys = np.insert(self.keys, at, keys)
+        self.rows = np.insert(self.rows, at, rows, axis=0)
+        self.values = np.insert(self.values, at, values, axis=0)
+        self.recent = {}

@@ -1,0 +1,70 @@
+"""The sorted memo (collector/memo.py) under locations and stack ids: what
+was learned is found, before and after a merge, whatever the keys share;
+what was not learned is never found."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from ember.collector.locations import mix
+from ember.collector.memo import SortedMemo, row_bytes
+
+
+def rows_of(rng: random.Random, n: int, cols: int) -> np.ndarray:
+    # few distinct words: rows that differ in one word only are common
+    words = [0, 1, (1 << 64) - 1, rng.getrandbits(64), rng.getrandbits(64)]
+    return np.array([[rng.choice(words) for _ in range(cols)] for _ in range(n)], np.uint64)
+
+
+@pytest.mark.parametrize("key", ["mixed", "one word", "constant"])
+def test_found_is_what_was_learned(key: str) -> None:
+    """With keys that tell the rows apart, every row learned is found; with
+    keys that rows share, a row may be missed (and learned again), but a
+    row found always has its own values."""
+    def key_of(rows: np.ndarray) -> np.ndarray:
+        if key == "constant":   # every row's key meets every other's
+            return np.zeros(len(rows), np.uint64)
+        if key == "one word":   # (of five values: most rows share it)
+            return np.ascontiguousarray(rows[:, 1])
+        return mix(rows)
+
+    rng = random.Random(7)
+    memo = SortedMemo(3, 2, key_of)
+    truth: dict[bytes, tuple[int, int]] = {}
+    hits = 0
+    for round_ in range(12):
+        asked = rows_of(rng, 40, 3)
+        values, found = memo.find(asked)
+        for b, v, hit in zip(row_bytes(asked), values.tolist(), found.tolist(), strict=True):
+            if hit:
+                assert tuple(v) == truth[b]
+                hits += 1
+            else:
+                assert v == [0, 0] and (key != "mixed" or b not in truth)
+        for i in np.flatnonzero(~found)[:10].tolist():
+            b = row_bytes(asked[i:i + 1])[0]
+            value = truth.get(b, (rng.getrandbits(64), round_))
+            memo.learn(b, value)
+            truth[b] = value
+        if round_ % 3 == 2:
+            memo.merge()
+    # (the rows come again: the checks above ran)
+    assert hits > (20 if key == "mixed" else 0), hits
+    if key == "mixed":
+        assert len(memo) == len(truth)
+
+
+def test_forget_keeps_what_waits() -> None:
+    memo = SortedMemo(1, 1, lambda r: np.ascontiguousarray(r[:, 0]))
+    a, b = np.array([[5]], np.uint64), np.array([[9]], np.uint64)
+    memo.learn(row_bytes(a)[0], (50,))
+    memo.merge()
+    memo.learn(row_bytes(b)[0], (90,))
+    memo.forget()
+    assert memo.find(a)[1].tolist() == [False]
+    assert memo.find(b)[0].tolist() == [[90]]
+    memo.merge()
+    assert len(memo) == 1 and memo.find(b)[0].tolist() == [[90]]
