@@ -29,7 +29,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..encode.folded import clean
-from ..encode.pprof import MappingKey, location_frames, sample_context
+from ..encode.pprof import FunctionKey, MappingKey, location_frames, sample_context
 from ..model import Frame, Mapping
 from ..proto import profile_pb2 as pb
 from . import decode
@@ -352,18 +352,19 @@ class Interner:
                           st[m.build_id], m.has_functions) for m in p.mapping)]
         mids = np.array([0, *_small(self._mappings, mkeys[1:])], np.uint64)
         get = st.__getitem__
-        fhash = np.zeros(len(fn.id) + 1, np.uint64)   # by function id
-        fhash[1:] = np.fromiter(map(hash, zip(map(get, fn.name.tolist()),
-                                              map(get, fn.system_name.tolist()),
-                                              map(get, fn.filename.tolist()), strict=True)),
-                                np.int64, len(fn.id)).view(np.uint64)
+        # by function id (ids are positions, checked): its strings, their hash
+        fkeys: list[FunctionKey] = [("", "", ""), *zip(
+            map(get, fn.name.tolist()), map(get, fn.system_name.tolist()),
+            map(get, fn.filename.tolist()), strict=True)]
+        fhash = np.zeros(len(fn.id) + 1, np.uint64)
+        fhash[1:] = np.fromiter(map(hash, fkeys[1:]), np.int64, len(fn.id)).view(np.uint64)
         n_loc = len(loc.id)
         counts = np.maximum(loc.lines, 1)
         first = np.cumsum(counts) - counts
         flat = np.zeros(int(counts.sum()), np.uint64)
         # each line's position in its location, and its location's width
-        pos = np.arange(len(loc.line_location)) - np.repeat(np.cumsum(loc.lines) - loc.lines,
-                                                            loc.lines)
+        line_start = np.cumsum(loc.lines) - loc.lines
+        pos = np.arange(len(loc.line_location)) - np.repeat(line_start, loc.lines)
         line_width = loc.lines[loc.line_location]
         for width in np.unique(loc.lines).tolist():
             which = np.flatnonzero(loc.lines == width)
@@ -378,30 +379,45 @@ class Interner:
                 rec[r, col + 1] = loc.line_line[sel].view(np.uint64)
             got, found = self.locations.find(width, rec)
             missing = np.flatnonzero(~found)
-            for k, key in zip(missing.tolist(), row_bytes(rec[missing]), strict=True):
-                ids = rows.new_location_rows.get((width, key))
-                if ids is None:
-                    ids = self._new_location(p, st, int(which[k]), mkeys, rows)
-                    rows.new_location_rows[(width, key)] = ids
-                got[k] = ids
+            if len(missing):
+                made = self._new_locations(width, which[missing], loc, line_start, fkeys,
+                                           mkeys, rec[missing], rows)
+                got[missing] = np.array(made, np.uint64).reshape(len(missing), -1)
             span = max(width, 1)
             flat[(first[which][:, None] + np.arange(span)).ravel()] = got.ravel()
         return flat, counts
 
-    def _new_location(self, p: pb.Profile, st: list[str], i: int,
-                      mkeys: list[MappingKey | None], rows: Rows) -> tuple[int, ...]:
-        location = p.location[i]
-        fns = p.function
-        lines = tuple((ln.line, (st[fns[ln.function_id - 1].name],
-                                 st[fns[ln.function_id - 1].system_name],
-                                 st[fns[ln.function_id - 1].filename]))
-                      for ln in location.line)
-        frames = location_frames(st, location, mkeys[location.mapping_id], lines)
-        ids = tuple(frame_id(f) for f in frames)
-        for fid, frame in zip(ids, frames, strict=True):
-            if fid not in self.frames:
-                rows.new_frames[fid] = frame
-        return ids
+    def _new_locations(self, width: int, at: npt.NDArray[np.intp], loc: decode.Locations,
+                       line_start: npt.NDArray[np.int64], fkeys: list[FunctionKey],
+                       mkeys: list[MappingKey | None], rec: npt.NDArray[np.uint64],
+                       rows: Rows) -> list[tuple[int, ...]]:
+        """The frame ids of locations ``at`` (all of ``width`` lines, not
+        found: their rows ``rec``), made from the profile's tables, each
+        row once per write."""
+        n = len(at)
+        if width:   # their lines, location by location: (line, function strings)
+            j = (line_start[at][:, None] + np.arange(width)).ravel()
+            flat = list(zip(loc.line_line[j].tolist(), map(fkeys.__getitem__,
+                                                             loc.line_function[j].tolist()),
+                            strict=True))
+            lines = [tuple(flat[k * width:(k + 1) * width]) for k in range(n)]
+        else:
+            lines = [()] * n
+        learned = rows.new_location_rows
+        frames_here, new_frames = self.frames, rows.new_frames
+        out = []
+        for key, mapping, address, ls in zip(row_bytes(rec), loc.mapping[at].tolist(),
+                                             loc.address[at].tolist(), lines, strict=True):
+            ids = learned.get((width, key))
+            if ids is None:
+                frames = location_frames(address, mkeys[mapping], ls)
+                ids = tuple(frame_id(f) for f in frames)
+                for fid, frame in zip(ids, frames, strict=True):
+                    if fid not in frames_here:
+                        new_frames[fid] = frame
+                learned[(width, key)] = ids
+            out.append(ids)
+        return out
 
     def adopt(self, rows: Rows, made: Rows) -> bool:
         """Add rows another interner made (a worker's) to ``rows``, keeping
@@ -458,7 +474,7 @@ class Interner:
             key = (mkey, loc.address, lines)
             ids = self._locations.get(key) or rows.new_locations.get(key)
             if ids is None:
-                frames = location_frames(st, loc, mkey, lines)
+                frames = location_frames(loc.address, mkey, lines)
                 ids = tuple(frame_id(f) for f in frames)
                 for fid, frame in zip(ids, frames, strict=True):
                     if fid not in self.frames:

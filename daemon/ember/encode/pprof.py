@@ -186,11 +186,13 @@ def gunzip(data: bytes, max_size: int) -> bytearray:
 
 MappingKey = tuple[int, int, int, str, str, bool]
 #: A pprof Line: (line number, (function name, system name, file) or None).
-LineKey = tuple[int, "tuple[str, str, str] | None"]
+LineKey = tuple[int, "FunctionKey | None"]
+#: A pprof Function: (name, system name, file).
+FunctionKey = tuple[str, str, str]
 _mapping_cache: dict[MappingKey, Mapping] = {}
 
 
-def location_frames(s: Sequence[str], loc: pb.Location, mapping: MappingKey | None,
+def location_frames(address: int, mapping: MappingKey | None,
                     lines: Sequence[LineKey]) -> list[Frame]:
     """One pprof location as frames, root first (pprof lists the inlined
     functions of a location innermost first)."""
@@ -209,10 +211,10 @@ def location_frames(s: Sequence[str], loc: pb.Location, mapping: MappingKey | No
     last = len(lines) - 1
     for i, (line, fn) in enumerate(lines):  # innermost (inlined) first
         name, system, file = fn or ("", "", "")
-        out.append(Frame(name or f"{loc.address:#x}", kind, m, loc.address,
+        out.append(Frame(name or f"{address:#x}", kind, m, address,
                          system if system != name else "", file, line, inlined=i < last))
     if not out:
-        out.append(Frame(f"{loc.address:#x}", kind, m, loc.address))
+        out.append(Frame(f"{address:#x}", kind, m, address))
     out.reverse()
     return out
 
@@ -244,7 +246,7 @@ def from_proto(p: pb.Profile) -> tuple[ProfileType, list[Sample]]:
     frames: dict[int, list[Frame]] = {}
     for loc in p.location:
         lines = [(ln.line, functions.get(ln.function_id)) for ln in loc.line]
-        frames[loc.id] = location_frames(s, loc, mappings.get(loc.mapping_id), lines)
+        frames[loc.id] = location_frames(loc.address, mappings.get(loc.mapping_id), lines)
     samples = []
     for x in p.sample:
         stack: list[Frame] = []
