@@ -58,6 +58,29 @@ def test_blocked_since_before_the_start(start_workload, tmp_path: Path, sample_u
     assert mixed and not any("before the start" in s for s in mixed)
 
 
+def test_census_times_blocks_on_the_runqueue_clock(start_workload) -> None:  # type: ignore[no-untyped-def]
+    """On this kernel the census reads each thread's switch-out and the
+    reader's runqueue clock (no fallback to the task clock, which loses
+    stolen time): the sleeper's block is as long as the kernel says."""
+    from ember.kernel.census import needs_task_clock
+    from ember.threads import Census
+
+    w = start_workload("long_block", 60, "now")
+    sleeper = next(t for t, n in thread_names(w.pid).items() if n == "sleeper")
+    time.sleep(2)
+    census = Census()
+    try:
+        census.set_pids([w.pid])
+        raw = census.program.census()
+    finally:
+        census.close()
+    [t] = [t for t in raw if t.tid == sleeper]
+    assert t.switched and t.rq_now and not needs_task_clock([t]), (t.switched, t.rq_now)
+    # blocked since about its start (it blocks at once), 2 s and more ago
+    blocked_ns = t.rq_now - t.switched
+    assert 1.9e9 < blocked_ns < 60e9, blocked_ns
+
+
 def test_dump_states_blocking_functions_and_since(start_workload) -> None:  # type: ignore[no-untyped-def]
     proc = subprocess.Popen([str(Path(__file__).parents[1] / "fixtures/bin/dump_threads"), "30"],
                             stdout=subprocess.PIPE, text=True)
