@@ -1,20 +1,16 @@
-"""The interner's set of stored ids (collector/intern.py IdSet): whatever
-order and size ids come in, it answers as a Python set of them would, one
-at a time and many at once, across the merges of its recent ids."""
+"""The interner (collector/intern.py): ids of content, the same in every
+store, and the rows it makes of a profile."""
 
 from __future__ import annotations
 
 import pickle
-import random
 
 import numpy as np
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ember.collector.intern import (
     _ODD,
-    IdSet,
     Interner,
     Rows,
     _repeats,
@@ -23,28 +19,6 @@ from ember.collector.intern import (
     mapping_fields,
 )
 from ember.model import Frame, FrameKind, Mapping
-
-
-def test_an_id_set_answers_as_a_set_of_the_same_ids(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(IdSet, "MERGE_AT", 50)   # merge often
-    rng = random.Random(9)
-    ids, ref = IdSet(), set()
-    first = [rng.getrandbits(64) for _ in range(300)]
-    ids.add_array(np.array(first, np.uint64))
-    ref.update(first)
-    for _ in range(40):
-        batch = [rng.getrandbits(64) for _ in range(rng.randint(0, 30))]
-        batch += rng.sample(sorted(ref), 3)        # some known already
-        ids.update(batch)
-        ref.update(batch)
-        asked = [*rng.sample(sorted(ref), 20), *(rng.getrandbits(64) for _ in range(20)),
-                 0, (1 << 64) - 1]
-        assert [a in ids for a in asked] == [a in ref for a in asked]
-        assert ids.known(np.array(asked, np.uint64)).tolist() == [a in ref for a in asked]
-        assert len(ids) == len(ref)
-    assert np.uint64(first[0]) in ids and -1 not in ids and "x" not in ids and (1 << 64) not in ids
-    assert ids.known(np.zeros(0, np.uint64)).tolist() == []
-    assert IdSet().known(np.array([1, 2], np.uint64)).tolist() == [False, False]
 
 
 def test_repeated_pairs_are_found_even_when_their_folded_words_meet() -> None:

@@ -1,6 +1,9 @@
-"""The sorted memo (collector/memo.py) under locations and stack ids: what
-was learned is found, before and after a merge, whatever the keys share;
-what was not learned is never found."""
+"""What an interner remembers (collector/memo.py). The sorted memo under
+locations and stack ids: what was learned is found, before and after a
+merge, whatever the keys share; what was not learned is never found. The
+set of stored ids: whatever order and size ids come in, it answers as a
+Python set of them would, one at a time and many at once, across the
+merges of its recent ids."""
 
 from __future__ import annotations
 
@@ -10,7 +13,7 @@ import numpy as np
 import pytest
 
 from ember.collector.locations import mix
-from ember.collector.memo import SortedMemo, row_bytes
+from ember.collector.memo import IdSet, SortedMemo, row_bytes
 
 
 def rows_of(rng: random.Random, n: int, cols: int) -> np.ndarray:
@@ -68,3 +71,25 @@ def test_forget_keeps_what_waits() -> None:
     assert memo.find(b)[0].tolist() == [[90]]
     memo.merge()
     assert len(memo) == 1 and memo.find(b)[0].tolist() == [[90]]
+
+
+def test_an_id_set_answers_as_a_set_of_the_same_ids(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(IdSet, "MERGE_AT", 50)   # merge often
+    rng = random.Random(9)
+    ids, ref = IdSet(), set()
+    first = [rng.getrandbits(64) for _ in range(300)]
+    ids.add_array(np.array(first, np.uint64))
+    ref.update(first)
+    for _ in range(40):
+        batch = [rng.getrandbits(64) for _ in range(rng.randint(0, 30))]
+        batch += rng.sample(sorted(ref), 3)        # some known already
+        ids.update(batch)
+        ref.update(batch)
+        asked = [*rng.sample(sorted(ref), 20), *(rng.getrandbits(64) for _ in range(20)),
+                 0, (1 << 64) - 1]
+        assert [a in ids for a in asked] == [a in ref for a in asked]
+        assert ids.known(np.array(asked, np.uint64)).tolist() == [a in ref for a in asked]
+        assert len(ids) == len(ref)
+    assert np.uint64(first[0]) in ids and -1 not in ids and "x" not in ids and (1 << 64) not in ids
+    assert ids.known(np.zeros(0, np.uint64)).tolist() == []
+    assert IdSet().known(np.array([1, 2], np.uint64)).tolist() == [False, False]

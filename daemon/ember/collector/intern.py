@@ -29,12 +29,12 @@ import numpy as np
 import numpy.typing as npt
 
 from ..encode.folded import clean
-from ..encode.pprof import FunctionKey, MappingKey, location_frames, sample_context
+from ..encode.pprof import FunctionKey, LineKey, MappingKey, location_frames, sample_context
 from ..model import Frame, Mapping
 from ..proto import profile_pb2 as pb
 from . import decode
 from .locations import LocationMemo, RowKey
-from .memo import row_bytes
+from .memo import IdSet, row_bytes
 from .stackids import StackIds, stack_digest
 
 #: Values kept per sample (a profile with more sample types is refused).
@@ -155,55 +155,6 @@ class Rows:
         for i, vs in enumerate(self.values):
             cols[f"v{i}"] = np.array(vs, dtype=np.int64)
         return cols
-
-
-class IdSet:
-    """64-bit ids as one sorted array (8 bytes each; a Python set of them
-    takes about 70, and a store's stacks only grow: a fleet hour's 200,000
-    held 15 MB), with the latest ones in a small set until there are
-    ``MERGE_AT`` of them. ``known`` asks for many at once."""
-
-    MERGE_AT = 1 << 14
-
-    def __init__(self) -> None:
-        self._sorted = np.zeros(0, np.uint64)
-        self._recent: set[int] = set()
-
-    def __len__(self) -> int:
-        recent = np.fromiter(self._recent, np.uint64, len(self._recent))
-        s = self._sorted
-        if not len(s):
-            return len(recent)
-        return len(s) + int((s[np.searchsorted(s, recent).clip(0, len(s) - 1)] != recent).sum())
-
-    def __contains__(self, i: object) -> bool:
-        if i in self._recent:
-            return True
-        if not isinstance(i, int | np.integer) or not 0 <= int(i) < 1 << 64 \
-                or not len(self._sorted):
-            return False
-        k = int(np.searchsorted(self._sorted, np.uint64(i)))
-        return k < len(self._sorted) and int(self._sorted[k]) == int(i)
-
-    def known(self, ids: npt.NDArray[np.uint64]) -> npt.NDArray[np.bool_]:
-        """Which of ``ids`` are in the set."""
-        s = self._sorted
-        out = (s[np.searchsorted(s, ids).clip(0, len(s) - 1)] == ids) if len(s) \
-            else np.zeros(len(ids), bool)
-        if self._recent:
-            rest = np.flatnonzero(~out)
-            recent = self._recent
-            out[rest] = np.fromiter((i in recent for i in ids[rest].tolist()), bool, len(rest))
-        return out
-
-    def update(self, ids: Iterable[int]) -> None:
-        self._recent.update(ids)
-        if len(self._recent) >= self.MERGE_AT:
-            self.add_array(np.fromiter(self._recent, np.uint64, len(self._recent)))
-            self._recent = set()
-
-    def add_array(self, ids: npt.NDArray[np.uint64]) -> None:
-        self._sorted = np.union1d(self._sorted, ids.astype(np.uint64))
 
 
 class Interner:
@@ -404,20 +355,25 @@ class Interner:
         else:
             lines = [()] * n
         learned = rows.new_location_rows
-        frames_here, new_frames = self.frames, rows.new_frames
         out = []
         for key, mapping, address, ls in zip(row_bytes(rec), loc.mapping[at].tolist(),
                                              loc.address[at].tolist(), lines, strict=True):
             ids = learned.get((width, key))
             if ids is None:
-                frames = location_frames(address, mkeys[mapping], ls)
-                ids = tuple(frame_id(f) for f in frames)
-                for fid, frame in zip(ids, frames, strict=True):
-                    if fid not in frames_here:
-                        new_frames[fid] = frame
-                learned[(width, key)] = ids
+                ids = learned[(width, key)] = self._made(address, mkeys[mapping], ls, rows)
             out.append(ids)
         return out
+
+    def _made(self, address: int, mapping: MappingKey | None, lines: Sequence[LineKey],
+              rows: Rows) -> tuple[int, ...]:
+        """A new location's frame ids (root first); the frames not stored
+        yet go into ``rows``."""
+        frames = location_frames(address, mapping, lines)
+        ids = tuple(frame_id(f) for f in frames)
+        for fid, frame in zip(ids, frames, strict=True):
+            if fid not in self.frames:
+                rows.new_frames[fid] = frame
+        return ids
 
     def adopt(self, rows: Rows, made: Rows) -> bool:
         """Add rows another interner made (a worker's) to ``rows``, keeping
@@ -474,12 +430,7 @@ class Interner:
             key = (mkey, loc.address, lines)
             ids = self._locations.get(key) or rows.new_locations.get(key)
             if ids is None:
-                frames = location_frames(loc.address, mkey, lines)
-                ids = tuple(frame_id(f) for f in frames)
-                for fid, frame in zip(ids, frames, strict=True):
-                    if fid not in self.frames:
-                        rows.new_frames[fid] = frame
-                rows.new_locations[key] = ids
+                ids = rows.new_locations[key] = self._made(loc.address, mkey, lines, rows)
             out[loc.id] = ids
         return out
 

@@ -1,6 +1,7 @@
-"""Rows of 64-bit words mapped to values, looked up a batch at a time: the
-memory of what an interner has seen, for rows that come by the thousand
-per profile and nearly all come again (locations.py, stackids.py).
+"""What an interner has seen, looked up a batch at a time, for things that
+come by the thousand per profile and nearly all come again: rows of 64-bit
+words mapped to values (``SortedMemo``: locations.py, stackids.py), and a
+set of 64-bit ids (``IdSet``: the stacks a store holds).
 
 The rows are kept in arrays sorted by a 64-bit key of each row (whatever
 the user's ``key`` function gives: a keyed mix of the row, or one of its
@@ -15,7 +16,7 @@ that keeps its memory under a ceiling (what is forgotten is made again).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import cast
 
 import numpy as np
@@ -89,3 +90,52 @@ class SortedMemo:
         self.rows = np.insert(self.rows, at, rows, axis=0)
         self.values = np.insert(self.values, at, values, axis=0)
         self.recent = {}
+
+
+class IdSet:
+    """64-bit ids as one sorted array (8 bytes each; a Python set of them
+    takes about 70, and a store's stacks only grow: a fleet hour's 200,000
+    held 15 MB), with the latest ones in a small set until there are
+    ``MERGE_AT`` of them. ``known`` asks for many at once."""
+
+    MERGE_AT = 1 << 14
+
+    def __init__(self) -> None:
+        self._sorted = np.zeros(0, np.uint64)
+        self._recent: set[int] = set()
+
+    def __len__(self) -> int:
+        recent = np.fromiter(self._recent, np.uint64, len(self._recent))
+        s = self._sorted
+        if not len(s):
+            return len(recent)
+        return len(s) + int((s[np.searchsorted(s, recent).clip(0, len(s) - 1)] != recent).sum())
+
+    def __contains__(self, i: object) -> bool:
+        if i in self._recent:
+            return True
+        if not isinstance(i, int | np.integer) or not 0 <= int(i) < 1 << 64 \
+                or not len(self._sorted):
+            return False
+        k = int(np.searchsorted(self._sorted, np.uint64(i)))
+        return k < len(self._sorted) and int(self._sorted[k]) == int(i)
+
+    def known(self, ids: npt.NDArray[np.uint64]) -> npt.NDArray[np.bool_]:
+        """Which of ``ids`` are in the set."""
+        s = self._sorted
+        out = (s[np.searchsorted(s, ids).clip(0, len(s) - 1)] == ids) if len(s) \
+            else np.zeros(len(ids), bool)
+        if self._recent:
+            rest = np.flatnonzero(~out)
+            recent = self._recent
+            out[rest] = np.fromiter((i in recent for i in ids[rest].tolist()), bool, len(rest))
+        return out
+
+    def update(self, ids: Iterable[int]) -> None:
+        self._recent.update(ids)
+        if len(self._recent) >= self.MERGE_AT:
+            self.add_array(np.fromiter(self._recent, np.uint64, len(self._recent)))
+            self._recent = set()
+
+    def add_array(self, ids: npt.NDArray[np.uint64]) -> None:
+        self._sorted = np.union1d(self._sorted, ids.astype(np.uint64))
