@@ -28,6 +28,10 @@ struct ember_iter_task {
 };
 
 #define EMBER_PF_KTHREAD 0x00200000
+/* scheduling policies of the fair class (include/uapi/linux/sched.h) */
+#define EMBER_SCHED_NORMAL 0
+#define EMBER_SCHED_BATCH 3
+#define EMBER_SCHED_IDLE 5
 
 BPF_PERCPU_ARRAY(ember_census_buf, struct ember_thread, 1);
 
@@ -72,12 +76,18 @@ static __always_inline struct ember_thread *ember_census_read(struct task_struct
 #ifdef EMBER_RQ_CLOCK
     /* The switch-out on the runqueue clock: the last switch-in (sched_info)
      * plus the run that followed it (exec_start's clock, so short by the
-     * stolen and interrupt time of that one run, not of the whole block). */
+     * stolen and interrupt time of that one run, not of the whole block).
+     * Only the fair class marks a switch-in in prev_sum_exec_runtime: a
+     * real-time, deadline or sched_ext thread keeps exec_start's timing. */
     u64 arrival = 0, sum = 0, prev = 0;
+    u32 policy = ~0u;
+    bpf_probe_read_kernel(&policy, sizeof(policy), base + EMBER_TASK_POLICY);
     bpf_probe_read_kernel(&arrival, sizeof(arrival), base + EMBER_TASK_LAST_ARRIVAL);
     bpf_probe_read_kernel(&sum, sizeof(sum), base + EMBER_TASK_SUM_EXEC);
     bpf_probe_read_kernel(&prev, sizeof(prev), base + EMBER_TASK_PREV_SUM_EXEC);
-    if (arrival && sum >= prev)
+    int fair = policy == EMBER_SCHED_NORMAL || policy == EMBER_SCHED_BATCH
+               || policy == EMBER_SCHED_IDLE;
+    if (fair && arrival && sum >= prev)
         t->switched = arrival + (sum - prev);
     /* The reader runs, so its runqueue's clock was updated when it was last
      * switched in or ticked: "now" on the same clock, read with now. */

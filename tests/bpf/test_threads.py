@@ -86,14 +86,15 @@ def test_dump_states_blocking_functions_and_since(start_workload) -> None:  # ty
                             stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None
-        _, pid_s, cond_at, read_at = proc.stdout.readline().split()
+        _, pid_s, cond_at, read_at, rt_at = proc.stdout.readline().split()
+        assert int(rt_at) > 0, "SCHED_FIFO refused"   # (as root it is not)
         pid = int(pid_s)
         time.sleep(1.5)
         r = subprocess.run([*EMBER, "dump", "-p", str(pid), "--json"], capture_output=True,
                            text=True, timeout=60)
         assert r.returncode == 0, r.stderr
         threads = {t["comm"]: t for t in map(json.loads, r.stdout.splitlines())}
-        assert {"condwait", "piperead", "spinner"} <= set(threads), threads.keys()
+        assert {"condwait", "piperead", "spinner", "rtwait"} <= set(threads), threads.keys()
         cond, pipe, spin = threads["condwait"], threads["piperead"], threads["spinner"]
         assert cond["state"] == "sleeping" and "wait_cond" in cond["user"]
         assert any("pthread_cond_wait" in f for f in cond["user"]), cond["user"]
@@ -104,6 +105,11 @@ def test_dump_states_blocking_functions_and_since(start_workload) -> None:  # ty
         # since when, within 100 ms of what the threads noted just before blocking
         assert abs(cond["since_monotonic_ns"] - int(cond_at)) < 100_000_000, cond
         assert abs(pipe["since_monotonic_ns"] - int(read_at)) < 100_000_000, pipe
+        # a real-time thread too (the fair class's bookkeeping would put it
+        # at least 0.4 s late)
+        rt = threads["rtwait"]
+        assert "wait_rt" in rt["user"], rt
+        assert abs(rt["since_monotonic_ns"] - int(rt_at)) < 100_000_000, rt
         # the longest-blocked first
         order = [t["comm"] for t in map(json.loads, r.stdout.splitlines())]
         assert order.index("spinner") > max(order.index("condwait"), order.index("piperead"))

@@ -141,6 +141,7 @@ def _sched_clock_offsets(btf: Btf) -> dict[str, int]:
             + off("sched_info", "last_arrival"),
             "EMBER_TASK_SUM_EXEC": se + off("sched_entity", "sum_exec_runtime"),
             "EMBER_TASK_PREV_SUM_EXEC": se + off("sched_entity", "prev_sum_exec_runtime"),
+            "EMBER_TASK_POLICY": off("task_struct", "policy"),
             "EMBER_TASK_CFS_RQ": se + off("sched_entity", "cfs_rq"),
             "EMBER_CFS_RQ_RQ": off("cfs_rq", "rq"),
             "EMBER_RQ_CLOCK": off("rq", "clock"),

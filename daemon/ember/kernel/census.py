@@ -13,8 +13,10 @@ it last ran on, and when it last went off a CPU, on two clocks:
   in interrupts. It runs behind CLOCK_MONOTONIC by a different amount on
   each CPU, and the amount grows with that time: a loaded VM loses 1-3% of
   each CPU's time that way, so a thread blocked for a minute would seem
-  blocked for up to 2 s less. It times a block only when the kernel lacks
-  the runqueue clock's fields (no CONFIG_FAIR_GROUP_SCHED or
+  blocked for up to 2 s less. It times a block only for threads outside
+  the fair class (real-time, deadline, sched_ext: only the fair class marks
+  a switch-in in ``prev_sum_exec_runtime``) and when the kernel lacks the
+  runqueue clock's fields (no CONFIG_FAIR_GROUP_SCHED or
   CONFIG_SCHED_INFO); ``SchedClock`` then measures each CPU's offset as
   late as it can: a thread pinned to the CPU sleeps a moment, then reads its
   own exec_start (``/proc/thread-self/sched``), which is then its switch-in
