@@ -124,15 +124,21 @@ class ThreadNow:
         return max(0, self.now_ns - self.since_ns)
 
 
+def _on_rq_clock(t: abi.Thread) -> bool:
+    """Whether the census timed this thread's switch-out on the runqueue
+    clock (a fair-class thread, on a kernel with the fields), so its block
+    needs no SchedClock."""
+    return bool(t.switched and t.rq_now)
+
+
 def needs_task_clock(raw: Sequence[abi.Thread]) -> bool:
     """Whether some thread off the CPU has no switch-out on the runqueue
     clock (the kernel lacks its fields): SchedClock must then be measured."""
-    return any(not (t.switched and t.rq_now) for t in raw
-               if not t.flags & abi.THREAD_ON_CPU)
+    return any(not _on_rq_clock(t) for t in raw if not t.flags & abi.THREAD_ON_CPU)
 
 
 def _since(t: abi.Thread, clock: SchedClock) -> int | None:
-    if t.switched and t.rq_now:
+    if _on_rq_clock(t):
         # a switch-out a moment after the reader's runqueue clock was last
         # updated reads as now, never as later
         return int(t.now) - max(0, int(t.rq_now) - int(t.switched))
