@@ -168,25 +168,24 @@ def as_sent(store: Store, start_ns: int, end_ns: int, matchers: Matchers,
     was sent (rebuilt from its rows: the samples with their frames, threads
     and values; two profiles of one series, type and start time come back
     as one), oldest first."""
-    from .merge import where as where_of  # (merge reads this module's Aggregate)
+    from .merge import columns  # (merge reads this module's Aggregate)
+    from .merge import where as where_of
     series = store.series_matching(matchers)
     where = where_of(store, start_ns, end_ns, series, type_)
     if where is None:
         return []
-    _, args = where
-    extra = " AND series IN (SELECT unnest(?::UINTEGER[]))" if len(args) > (
-        3 if type_ is not None else 2) else ""
+    args, extra = where.args, where.series
     kind = " AND type_id = ?" if type_ is not None else ""
     with store.reading() as cur:
         profiles = cur.execute(
             "SELECT series, type, type_id, shape, time_ns, duration_ns, samples FROM "
             f"profiles WHERE time_ns < ? AND time_ns + duration_ns >= ?{kind}{extra} "
             "ORDER BY time_ns", args).fetchall()
-        got = cur.execute(
-            "SELECT time_ns, series, type, thread, leaf, "
+        got = columns(
+            cur, "SELECT time_ns, series, type, thread, leaf, "
             + ", ".join(f"v{i}" for i in range(MAX_VALUES))
             + " FROM samples WHERE time_ns < ? AND end_ns >= ?"
-            + kind.replace("type_id", "type") + extra, args).fetchnumpy()
+            + kind.replace("type_id", "type") + extra, args)
     # rows name threads and (thread name, stack) pairs by number: their ids
     thread_ids = store.thread_nums.ids[np.asarray(got["thread"], np.intp)]
     stack_ids = store.leaves.pairs(np.asarray(got["leaf"], np.uint32))[1]
