@@ -5,9 +5,10 @@ x 10 processes, 360 ten-second intervals, 25 million sample rows at
 --scale 1).
 
 A real ``ember collector`` process serves the generated store; once it
-has built its query index and rolled up the closed blocks (both timed),
-the figures are what its HTTP API answers: each view's latency (the first,
-cold, answer and the median of the next five), 8 concurrent clients over
+has built its query index, rolled up the closed blocks and grouped their
+rows by series (each timed), the figures are what its HTTP API answers:
+each view's latency (the first, cold, answer and the median of the next
+five), 8 concurrent clients over
 --seconds (p50/p99) while a live fleet writes (real WriteRaw requests over
 gRPC, --write-hosts profiles every --write-every s: every write makes the
 answers before it stale), the collector's peak RSS, the store on disk; and
@@ -69,16 +70,17 @@ def fetch(u: str) -> float:
     return time.perf_counter() - began
 
 
-def wait_sealed(port: int, still_s: float = 5.0, most_s: float = 300) -> int:
-    """The collector's blocks sealed once the count stays the same for
-    ``still_s`` (it seals the closed blocks one at a time as it starts),
-    or after ``most_s`` (sealing failed: the collector logs why)."""
+def wait_still(port: int, metric: str, still_s: float = 5.0, most_s: float = 300) -> int:
+    """The collector's ``metric`` once it stays the same for ``still_s``
+    (it seals the closed blocks one at a time as it starts, then groups
+    their rows by series), or after ``most_s`` (it failed: the collector
+    logs why)."""
     last, since, give_up = -1, time.monotonic(), time.monotonic() + most_s
     while time.monotonic() < give_up:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=60) as r:
             text = r.read().decode()
         n = sum(int(float(line.split()[-1])) for line in text.splitlines()
-                if line.startswith("ember_collector_blocks_sealed_total "))
+                if line.startswith(f"{metric} "))
         if n != last:
             last, since = n, time.monotonic()
         elif n and time.monotonic() - since >= still_s:
@@ -182,8 +184,10 @@ def main() -> int:
             lo = time.time_ns() - 3600 * 10**9
             fetch(f"http://127.0.0.1:{port}/api/v1/tree?from={lo}&to={lo + 600 * 10**9}")
             indexed = time.monotonic() - began
-            sealed = wait_sealed(port)
+            sealed = wait_still(port, "ember_collector_blocks_sealed_total")
             rolled = time.monotonic() - began
+            clustered = wait_still(port, "ember_collector_rows_clustered_total")
+            grouped = time.monotonic() - began
             phase = "views"
             rows = []
             for name, route, params in VIEWS:
@@ -254,6 +258,7 @@ def main() -> int:
             stop.set()
             proc.terminate()
             proc.wait(30)
+        after = sum(p.stat().st_size for p in Path(tmp).iterdir() if p.is_file())
         validated, stored = write_path()
         out.append(render("Store and process", ["figure", "value"], [
             ["generated rows appended per second", f"{gen['rows_per_s']:,.0f}"],
@@ -261,6 +266,8 @@ def main() -> int:
             ["collector start on the store (s)", f"{opened:.1f}"],
             ["... query index built (s)", f"{indexed:.1f}"],
             [f"... {sealed} blocks rolled up (s)", f"{rolled:.1f}"],
+            [f"... {clustered:,} rows grouped by series (s)", f"{grouped:.1f}"],
+            ["store on disk after (MB)", f"{after / 1e6:.0f}"],
             ["collector peak RSS (MB)", f"{max(peaks.values()) / 1024:.0f}"],
             *[[f"... while {name}", f"{kb / 1024:.0f}"] for name, kb in peaks.items()],
             ["WriteRaw validation per 1,000-stack profile (ms)", f"{validated:.1f}"],

@@ -85,8 +85,7 @@ class ShipCounters:
 
 class AgentMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
-        r = registry
-        self.registry = r
+        self.registry = r = registry
         _process_metrics(r)
         self.samples = Counter("ember_samples_total",
                                "Events drained from the kernel: on-CPU samples, off-CPU blocks",
@@ -410,8 +409,7 @@ class BpfStatsCollector(Collector):
 
 class CollectorMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
-        r = registry
-        self.registry = r
+        self.registry = r = registry
         _process_metrics(r)
         self.requests = Counter("ember_collector_requests_total", "WriteRaw calls by status",
                                 ["code"], registry=r)
@@ -449,6 +447,8 @@ class CollectorMetrics:
         self.sealed = Counter("ember_collector_blocks_sealed_total", "Blocks of a profile type "
                               "(five minutes, 30 minutes, three hours) summed into roll-ups "
                               "(merges of every series read them)", registry=r)
+        self.clustered = Counter("ember_collector_rows_clustered_total", "Sealed blocks' rows "
+                                 "grouped by series (a merge of a few reads fewer)", registry=r)
 
 
 def reference() -> str:

@@ -299,6 +299,19 @@ def test_a_collector_rolls_up_closed_blocks_by_itself(
         assert wait_for(lambda: f"ember_collector_blocks_sealed_total {sealed()}.0" in
                         c.handle("/metrics", {}, "")[1].decode())
         assert not c.store.seal(time.time_ns())   # the collector left none
+        # and then grouped the five-minute blocks' rows by series (cluster.py)
+        with c.store.cursor() as cur:
+            five = {b for (b,) in cur.execute("SELECT block FROM seals WHERE span = ?",
+                                              (BLOCK_NS,)).fetchall()}
+            held = sum(1 for (t,) in cur.execute("SELECT time_ns FROM samples").fetchall()
+                       if t // BLOCK_NS * BLOCK_NS in five)
+
+        def clustered() -> set[int]:
+            with c.store.cursor() as cur:
+                return {b for (b,) in cur.execute("SELECT block FROM clustered").fetchall()}
+        assert wait_for(lambda: clustered() == five, 60), (clustered(), five)
+        assert wait_for(lambda: f"ember_collector_rows_clustered_total {held}.0" in
+                        c.handle("/metrics", {}, "")[1].decode())
     finally:
         c.close()
 

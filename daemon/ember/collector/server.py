@@ -269,15 +269,20 @@ class Collector:
 
     def _seal_loop(self) -> None:
         """Roll up closed blocks (store.seal), one at a time with a pause
-        between (each holds the store's lock: writes wait), and look again
-        every SEAL_EVERY_S once none is left."""
+        between (each holds the store's lock: writes wait), then group the
+        sealed blocks' rows by series (store.cluster, beside the writes),
+        and look again every SEAL_EVERY_S once neither is left."""
         while not self._stop.wait(SEAL_PAUSE_S):
             try:
                 if self.store.seal(time.time_ns()):
                     self.metrics.sealed.inc()
                     continue
-            except StorageError as exc:   # a full disk: tried again later
-                log.warning("collector: cannot roll up a block now: %s", exc)
+                moved = self.store.cluster()
+                if moved is not None:
+                    self.metrics.clustered.inc(moved)
+                    continue
+            except StorageError as exc:   # a full disk, a conflict: tried again later
+                log.warning("collector: cannot roll up or cluster a block now: %s", exc)
             except Exception:
                 log.exception("sealing failed")
             if self._stop.wait(SEAL_EVERY_S):

@@ -42,7 +42,8 @@ from ..httpserve import holding
 from ..model import ProfileType
 from . import merge
 from .blocksums import BlockSums
-from .intern import Interner, Rows, ThreadKey, labels_json, series_id, thread_name_id, type_id
+from .cluster import cluster_next
+from .intern import Interner, Rows, labels_json, series_id, thread_name_id, type_id
 from .leaves import PERFECT_BITS, Leaves
 from .matchers import Matchers, selector
 from .numbers import Numbers, numbered_rows
@@ -52,8 +53,8 @@ from .tables import (
     check_disk,
     create_or_upgrade,
     delete_before,
-    frame_of_row,
     insert,
+    load_interned,
     one,
     shape_of,
     stack_frames,
@@ -74,6 +75,8 @@ class Store:
         self.path = str(path)
         self._lock = threading.Lock()
         self._reading = threading.Lock()   # one large read at a time (reading)
+        self._clustering = threading.Lock()   # (close waits for a block's move)
+        self._closed = False
         self._queue = Queue()   # writes waiting for the lock
         # bumped by every change: query caches key on it, and each sample row
         # keeps the generation of the write that stored it (``written``)
@@ -115,28 +118,10 @@ class Store:
 
     def _load(self) -> None:
         """The interned ids and small tables, into memory."""
-        it = Interner()
         db = self._db
-        for row in db.execute("SELECT * FROM frames").fetchall():
-            it.frames[int(row[0])] = frame_of_row(row)
-        it.stacks.add_array(np.asarray(db.execute("SELECT id FROM stacks").fetchnumpy()["id"],
-                                       np.uint64))
-        nums: list[int] = []
-        for tid, pid, t, name, labels, num in db.execute("SELECT * FROM threads").fetchall():
-            key: ThreadKey = (int(pid), int(t), name,
-                              tuple((a, b) for a, b in json.loads(labels)))
-            it.threads[int(tid)] = key
-            nums.append(num)
-        self.thread_nums.load(np.fromiter(it.threads, np.uint64, len(it.threads)),
-                              np.array(nums, np.int64))
-        self._series_labels = {}
-        ids, nums = [], []
-        for sid, _, labels, num in db.execute("SELECT * FROM series").fetchall():
-            it.series[labels] = int(sid)
-            self._series_labels[int(num)] = dict(json.loads(labels))
-            ids.append(int(sid))
-            nums.append(num)
-        self.series_nums.load(np.array(ids, np.uint64), np.array(nums, np.int64))
+        it, thread_nums, self._series_labels, sids, snums = load_interned(db)
+        self.thread_nums.load(np.fromiter(it.threads, np.uint64, len(it.threads)), thread_nums)
+        self.series_nums.load(sids, snums)
         self.thread_names = {thread_name_id(k[2]): clean(k[2]) for k in it.threads.values()}
         self._shapes, self._types = {}, {}
         for type_, tid_, shape in db.execute(
@@ -159,7 +144,8 @@ class Store:
             shapes.append((shape, shape_of(shape)))
 
     def close(self) -> None:
-        with self._lock, contextlib.suppress(duckdb.Error):
+        with self._clustering, self._lock, contextlib.suppress(duckdb.Error):
+            self._closed = True
             self._db.close()
 
     # --- writing ---
@@ -434,6 +420,19 @@ class Store:
                 self.seals.sealed(tid, todo[0], generation)
                 return True
         return False
+
+    def cluster(self) -> int | None:
+        """cluster.cluster_next on a cursor of its own, beside the writes
+        (not under the store's lock); StorageError when it failed (a
+        conflict with retention, a full disk): tried again later."""
+        with self._clustering:
+            if self._closed:
+                return None
+            try:
+                with contextlib.closing(self.cursor()) as cur:
+                    return cluster_next(cur, self._reading)
+            except duckdb.Error as exc:
+                raise storage_error("clustering a block", exc) from None
 
     # --- retention ---
     def enforce_retention(self, max_age_s: float, max_bytes: int) -> tuple[int, int]:

@@ -27,7 +27,8 @@ import numpy.typing as npt
 
 from ..errors import StorageError, StorageFull
 from ..model import Frame, FrameKind, Mapping, ProfileType
-from .intern import MAX_VALUES, Rows, type_id
+from .cluster import TABLES as CLUSTERED
+from .intern import MAX_VALUES, Interner, Rows, type_id
 from .leaves import upgrade
 from .numbers import upgrade as number_rows_of
 from .rollup import TABLES as ROLLUPS
@@ -111,6 +112,7 @@ def create_or_upgrade(db: duckdb.DuckDBPyConnection, path: str) -> None:
         raise StorageError(f"{path}: a store of schema {version and version[0]}, "
                            f"not {SCHEMA_VERSION}: a newer collector wrote it")
     db.execute(ROLLUPS)   # (derived: made empty where missing, filled by sealing)
+    db.execute(CLUSTERED)
 
 
 def shape_json(t: ProfileType) -> str:
@@ -279,7 +281,36 @@ def delete_before(db: duckdb.DuckDBPyConnection, cutoff: int) -> int:
     if n:
         db.execute("BEGIN TRANSACTION")
         for table, column in (("samples", "time_ns"), ("profiles", "time_ns"),
-                              ("rollups", "block"), ("seals", "block")):
+                              ("rollups", "block"), ("seals", "block"),
+                              ("clustered", "block")):
             db.execute(f"DELETE FROM {table} WHERE {column} < ?", (cutoff,))
         db.execute("COMMIT")
     return n
+
+
+def load_interned(db: duckdb.DuckDBPyConnection) -> tuple[
+        Interner, npt.NDArray[np.int64], dict[int, dict[str, str]], npt.NDArray[np.uint64],
+        npt.NDArray[np.int64]]:
+    """What a store keeps in memory of its interned tables: the interner
+    (frames, stack ids, threads, series), each thread's number (in the
+    interner's order), each series' labels by number, and the series' ids
+    and numbers."""
+    it = Interner()
+    for row in db.execute("SELECT * FROM frames").fetchall():
+        it.frames[int(row[0])] = frame_of_row(row)
+    it.stacks.add_array(np.asarray(db.execute("SELECT id FROM stacks").fetchnumpy()["id"],
+                                   np.uint64))
+    nums: list[int] = []
+    for tid, pid, t, name, labels, num in db.execute("SELECT * FROM threads").fetchall():
+        it.threads[int(tid)] = (int(pid), int(t), name,
+                                tuple((a, b) for a, b in json.loads(labels)))
+        nums.append(num)
+    series_labels: dict[int, dict[str, str]] = {}
+    ids, snums = [], []
+    for sid, _, labels, num in db.execute("SELECT * FROM series").fetchall():
+        it.series[labels] = int(sid)
+        series_labels[int(num)] = dict(json.loads(labels))
+        ids.append(int(sid))
+        snums.append(num)
+    return (it, np.array(nums, np.int64), series_labels, np.array(ids, np.uint64),
+            np.array(snums, np.int64))

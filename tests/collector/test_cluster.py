@@ -1,0 +1,169 @@
+"""Sealed blocks' rows grouped by series (collector/cluster.py): every row
+moved once and in order, no answer changed, through late writes, writes
+while the rows move, and retention cutting a clustered block."""
+
+from __future__ import annotations
+
+import random
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ember.collector import cluster
+from ember.collector.api import Api
+from ember.collector.rollup import BLOCK_NS
+from ember.collector.store import Store
+from tests.support.profiles import write_fleet
+from tests.support.store import T0, seal_all
+
+S = 10**9
+PIDS = tuple(range(10, 18))     # eight series, over two hosts
+QUESTIONS = [("/api/v1/tree", {"max_nodes": ["20000"]}),
+             ("/api/v1/tree", {"max_nodes": ["20000"], "match": ["host=h0"]}),
+             ("/api/v1/tree", {"match": ["pid=13"], "search": ["fn3"]}),
+             ("/api/v1/top", {"limit": ["1000"], "match": ["host=h1"]}),
+             ("/api/v1/profile", {"format": ["folded"], "match": ["host=h0"]})]
+
+
+@pytest.fixture
+def stores(tmp_path: Path) -> Iterator[tuple[Store, Store]]:
+    """Two stores given the same writes: the first is clustered."""
+    a, b = Store(tmp_path / "a.duckdb"), Store(tmp_path / "b.duckdb")
+    yield a, b
+    a.close()
+    b.close()
+
+
+def write_both(stores: tuple[Store, ...], seed: int, at_s: range) -> None:
+    for s in stores:
+        rng = random.Random(seed)
+        for at in at_s:
+            write_fleet(s, rng, T0 + at * S, pids=PIDS)
+
+
+def answers(store: Store) -> list[Any]:
+    """Each question over the whole time and over ranges cutting blocks,
+    from an API with nothing cached."""
+    out = []
+    for lo, hi in ((0, T0 + 10 * 3600 * S), (T0 + 70 * S, T0 + 700 * S)):
+        api = Api(store)
+        for path, extra in QUESTIONS:
+            code, body, _ = api.handle(path, {"from": [str(lo)], "to": [str(hi)], **extra})
+            out.append((code, body))
+    return out
+
+
+def rows(store: Store) -> list[tuple[Any, ...]]:
+    with store.cursor() as cur:
+        return cur.execute("SELECT * FROM samples ORDER BY ALL").fetchall()
+
+
+def clustered(store: Store) -> set[int]:
+    with store.cursor() as cur:
+        return {int(b) for (b,) in cur.execute("SELECT block FROM clustered").fetchall()}
+
+
+def five_minute_seals(store: Store) -> set[int]:
+    with store.cursor() as cur:
+        return {int(b) for (b,) in cur.execute("SELECT block FROM seals WHERE span = ?",
+                                               (BLOCK_NS,)).fetchall()}
+
+
+def cluster_all(store: Store) -> int:
+    moved = 0
+    while (n := store.cluster()) is not None:
+        moved += n
+    return moved
+
+
+def physical(store: Store, block: int) -> list[tuple[int, int]]:
+    """(series, time) of a block's rows in the order they are stored."""
+    with store.cursor() as cur:
+        return cur.execute("SELECT series, time_ns FROM samples WHERE time_ns >= ? AND "
+                           "time_ns < ? ORDER BY rowid", (block, block + BLOCK_NS)).fetchall()
+
+
+def test_rows_move_once_in_series_order_and_no_answer_changes(
+        stores: tuple[Store, Store], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cluster, "CHUNK_ROWS", 200)   # several moves a block
+    a, b = stores
+    write_both(stores, 1, range(0, 20 * 60, 30))
+    seal_all(a)
+    seal_all(b)
+    before, generation = rows(a), a.generation
+    blocks = five_minute_seals(a)
+    assert len(blocks) >= 4
+    in_blocks = sum(1 for r in before if any(k <= r[0] < k + BLOCK_NS for k in blocks))
+    assert cluster_all(a) == in_blocks
+    assert clustered(a) == blocks
+    assert a.cluster() is None                       # none left
+    assert rows(a) == before and a.generation == generation
+    for k in blocks:
+        order = physical(a, k)
+        assert order == sorted(order) and len({s for s, _ in order}) == len(PIDS)
+    assert answers(a) == answers(b)
+
+
+def test_late_rows_and_retention_after_clustering(stores: tuple[Store, Store]) -> None:
+    a, b = stores
+    write_both(stores, 2, range(0, 25 * 60, 40))
+    for s in stores:
+        seal_all(s)
+    cluster_all(a)
+    write_both(stores, 3, range(100, 400, 90))       # late rows into clustered blocks
+    assert answers(a) == answers(b)
+    cut = T0 // BLOCK_NS * BLOCK_NS + 2 * BLOCK_NS + 100 * S   # inside a block
+    for s in stores:
+        with s._writing("test"):
+            s._delete_before(cut)
+    assert clustered(a) == {k for k in five_minute_seals(a) if k >= cut}
+    assert answers(a) == answers(b)
+    for s in stores:                  # the cut block: sealed again, then clustered
+        seal_all(s)
+    assert cluster_all(a) > 0 and clustered(a) == five_minute_seals(a)
+    assert answers(a) == answers(b) and rows(a) == rows(b)
+
+
+def test_writes_while_the_rows_move_are_kept(stores: tuple[Store, Store],
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cluster, "CHUNK_ROWS", 50)
+    a, b = stores
+    write_both(stores, 4, range(0, 20 * 60, 30))
+    for s in stores:
+        seal_all(s)
+    moving = threading.Thread(target=cluster_all, args=(a,))
+    moving.start()
+    write_both(stores, 5, range(5, 15 * 60, 45))     # into the blocks being moved
+    moving.join()
+    cluster_all(a)
+    assert rows(a) == rows(b)
+    assert answers(a) == answers(b)
+
+
+def test_a_conflict_leaves_the_block_for_later(stores: tuple[Store, Store],
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    from ember.errors import StorageError
+    a, _ = stores
+    write_both((a,), 6, range(0, 12 * 60, 30))
+    seal_all(a)
+    before = rows(a)
+    real = cluster.move
+    calls = 0
+
+    def failing(*args: Any, **kw: Any) -> int:
+        nonlocal calls
+        calls += 1
+        if calls == 2:   # the second range of the first block
+            import duckdb
+            raise duckdb.TransactionException("conflict (test)")
+        return real(*args, **kw)
+    monkeypatch.setattr(cluster, "CHUNK_ROWS", 200)
+    monkeypatch.setattr(cluster, "move", failing)
+    with pytest.raises(StorageError):
+        a.cluster()
+    assert clustered(a) == set() and rows(a) == before
+    cluster_all(a)
+    assert clustered(a) == five_minute_seals(a) and rows(a) == before
