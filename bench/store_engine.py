@@ -204,6 +204,13 @@ def main() -> int:
             rows.append(["whole hour, a range not asked before", "-",
                          f"{statistics.median(fresh) * 1000:.0f} (slowest "
                          f"{max(fresh) * 1000:.0f})"])
+            # one host on such ranges, a host not asked before each time
+            hosts = [fetch(f"http://127.0.0.1:{port}/api/v1/tree?from={now - 2 * 3600 * 10**9}"
+                           f"&to={now - i * 10**9}&match=host=host-{10 + i:02d}")
+                     for i in range(1, 6)]
+            rows.append(["one host, a host and range not asked before", "-",
+                         f"{statistics.median(hosts) * 1000:.0f} (slowest "
+                         f"{max(hosts) * 1000:.0f})"])
             out.append(render(f"Views (scale {s}: {gen['rows']:,} rows; ms)",
                               ["view", "first", "median of 5"], rows))
             lat: list[float] = []
