@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from ember.collector import cluster
+from ember.collector import cluster, merge
 from ember.collector.api import Api
 from ember.collector.rollup import BLOCK_NS
 from ember.collector.store import Store
@@ -167,3 +167,25 @@ def test_a_conflict_leaves_the_block_for_later(stores: tuple[Store, Store],
     assert clustered(a) == set() and rows(a) == before
     cluster_all(a)
     assert clustered(a) == five_minute_seals(a) and rows(a) == before
+
+
+def test_series_named_as_constants_or_as_a_list_answer_alike(
+        stores: tuple[Store, Store], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A merge of a few series names them as constants (DuckDB's scan then
+    skips the row groups of others); of many, as a list parameter with
+    their range (merge.INLINE_SERIES). Both ways, clustered or not, and
+    with a second shape beside (its count names the series too)."""
+    a, b = stores
+    write_both(stores, 7, range(0, 12 * 60, 30))
+    for s in stores:
+        seal_all(s)
+    cluster_all(a)
+    inline = answers(a)
+    monkeypatch.setattr(merge, "INLINE_SERIES", 0)
+    assert "unnest" in merge.in_series([3, 7])[0] and merge.in_series([3, 7])[1] == [[3, 7]]
+    assert answers(a) == inline == answers(b)
+    for s in stores:   # a second shape of the type (another rate): merges count it apart
+        write_fleet(s, random.Random(8), T0 + 200 * S, pids=(12, 13), hz=50)
+    assert answers(a) == answers(b)
+    monkeypatch.setattr(merge, "INLINE_SERIES", 256)
+    assert answers(a) == answers(b)

@@ -48,18 +48,28 @@ _PROFILES = "SELECT {} FROM profiles WHERE time_ns < ? AND time_ns + duration_ns
 class Where:
     """Which sample rows a merge reads: ``clause`` with its ``args``, and
     ``series``, the part of the clause that names the series ('' when they
-    are all of them), for the queries of ``profiles`` to say the same."""
+    are all of them; its arguments are the last of ``args``), for the
+    queries of ``profiles`` to say the same."""
     clause: str
     args: list[Any]
     series: str
 
 
-def in_series(series: Sequence[int]) -> str:
-    """SQL: `` AND series IN (3, 4, ...)``. The numbers (the store's own
-    integers) are written into the text, as DuckDB filters a list of
-    constants in its scan: passed as a list parameter it joined it, and one
-    host's hour took 60 ms to read instead of 45."""
-    return f" AND series IN ({', '.join(str(int(s)) for s in series)})"
+#: Series named as constants at most this many. DuckDB filters a list of
+#: constants in its scan, and its per-row-group minimum and maximum skip
+#: the row groups of other series (cluster.py): one host's hour read in 29
+#: ms, not 57 as a list parameter, which it joins. But it parses a long
+#: list slowly (10,000: 260 ms); past this, the list is a parameter, with
+#: the range of its numbers as constants for the skipping.
+INLINE_SERIES = 256
+
+
+def in_series(series: Sequence[int]) -> tuple[str, list[Any]]:
+    """SQL naming the series (`` AND series IN (3, 4, ...)``), and its arguments."""
+    if len(series) <= INLINE_SERIES:
+        return f" AND series IN ({', '.join(str(int(s)) for s in series)})", []
+    return (f" AND series BETWEEN {int(min(series))} AND {int(max(series))} "
+            "AND series IN (SELECT unnest(?::UINTEGER[]))", [list(series)])
 
 
 def columns(cur: duckdb.DuckDBPyConnection, sql: str, args: Sequence[Any] = ()
@@ -86,8 +96,8 @@ def where(store: Store, start_ns: int, end_ns: int, series: Sequence[int],
             return None
         clause += " AND type = ?"
         args.append(tid)
-    named = in_series(series) if len(series) < store.series_count() else ""
-    return Where(clause + named, args, named)
+    named, named_args = in_series(series) if len(series) < store.series_count() else ("", [])
+    return Where(clause + named, args + named_args, named)
 
 
 def aggregate(store: Store, start_ns: int, end_ns: int, matchers: Matchers, type_: str,
@@ -124,8 +134,8 @@ def _aggregate(cur: duckdb.DuckDBPyConnection, store: Store, span: tuple[int, in
             return None
         if len(shapes) > 1:
             # other sample types under the same type name: not mergeable with the first
-            other = cur.execute(_PROFILES.format("COUNT(*)") + " AND shape <> ?"
-                                + found.series, [*args, shape_json(shape)]).fetchall()[0]
+            other = cur.execute(_PROFILES.format("COUNT(*)") + found.series + " AND shape <> ?",
+                                [*args, shape_json(shape)]).fetchall()[0]
             if other and other[0]:
                 skipped["shape"] = int(other[0])
             clause += (" AND (time_ns, series) IN (SELECT (time_ns, series) FROM profiles "
