@@ -271,6 +271,7 @@ def test_a_longer_block_waits_for_the_shorter_ones_in_it(store: Store) -> None:
 
 def test_a_collector_rolls_up_closed_blocks_by_itself(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(server, "CLUSTER", True)   # (off by default: server.CLUSTER)
     path = tmp_path / "db.duckdb"
     store = Store(path)
     now = time.time_ns()
