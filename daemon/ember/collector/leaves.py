@@ -170,7 +170,7 @@ def sum_by_leaf(leaf: npt.NDArray[np.uint32], values: list[npt.NDArray[np.int64]
     # (marked in a bool array: a third cheaper than counting in an int64 one)
     mark = np.zeros(int(leaf.max(initial=0)) + 1, bool)
     mark[idx] = True
-    present = np.flatnonzero(mark) if len(leaf) else np.zeros(0, np.intp)
+    present = np.flatnonzero(mark)
     sums = []
     for v in values:
         if not len(v) or (int(v.max()) < 1 << 42 and int(v.sum()) < 1 << 53):
