@@ -107,6 +107,46 @@ def test_rows_move_once_in_series_order_and_no_answer_changes(
     assert answers(a) == answers(b)
 
 
+def settings(cur: Any) -> tuple[str, str]:
+    return cur.execute("SELECT current_setting('threads'), "
+                       "current_setting('memory_limit')").fetchall()[0]
+
+
+def as_duckdb_says(threads: int, memory: str) -> tuple[str, str]:
+    """The settings as DuckDB shows them once set."""
+    import duckdb
+    with duckdb.connect() as db:
+        db.execute(f"SET threads = {threads}")
+        db.execute(f"SET memory_limit = '{memory}'")
+        return settings(db)
+
+
+def test_a_block_moves_whole_on_one_thread_and_the_store_gets_its_settings_back(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from ember.collector.store import THREADS
+    a = Store(tmp_path / "a.duckdb", memory_limit="48MB")
+    write_both((a,), 8, range(0, 16 * 60, 30))
+    seal_all(a)
+    with a.cursor() as cur:
+        per_block = dict(cur.execute(f"SELECT time_ns // {BLOCK_NS} * {BLOCK_NS}, COUNT(*) "
+                                     "FROM samples GROUP BY ALL").fetchall())
+    blocks = five_minute_seals(a)
+    real, during = cluster.move, []
+
+    def watched(cur: Any, *args: Any, **kw: Any) -> int:
+        during.append(settings(cur))
+        return real(cur, *args, **kw)
+    monkeypatch.setattr(cluster, "move", watched)
+    moved = []
+    while (n := a.cluster()) is not None:
+        moved.append(n)
+    assert sorted(moved) == sorted(per_block[k] for k in blocks)   # one move a block
+    assert during == [as_duckdb_says(cluster.MOVE_THREADS, cluster.MOVE_MEMORY)] * len(blocks)
+    with a.cursor() as cur:
+        assert settings(cur) == as_duckdb_says(THREADS, "48MB")
+    a.close()
+
+
 def test_late_rows_and_retention_after_clustering(stores: tuple[Store, Store]) -> None:
     a, b = stores
     write_both(stores, 2, range(0, 25 * 60, 40))
@@ -163,7 +203,10 @@ def test_a_conflict_leaves_the_block_for_later(stores: tuple[Store, Store],
     monkeypatch.setattr(cluster, "CHUNK_ROWS", 200)
     monkeypatch.setattr(cluster, "move", failing)
     with pytest.raises(StorageError):
-        a.cluster()
+        cluster_all(a)
+    assert calls == 2
+    with a.cursor() as cur:   # the store's own settings again
+        assert settings(cur) == as_duckdb_says(2, "64MB")
     assert clustered(a) == set() and rows(a) == before
     cluster_all(a)
     assert clustered(a) == five_minute_seals(a) and rows(a) == before

@@ -5,10 +5,13 @@ than a seal, retention cutting a block and a type's second shape."""
 
 from __future__ import annotations
 
+import itertools
 import random
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import duckdb
@@ -271,7 +274,6 @@ def test_a_longer_block_waits_for_the_shorter_ones_in_it(store: Store) -> None:
 
 def test_a_collector_rolls_up_closed_blocks_by_itself(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(server, "CLUSTER", True)   # (off by default: server.CLUSTER)
     path = tmp_path / "db.duckdb"
     store = Store(path)
     now = time.time_ns()
@@ -315,6 +317,36 @@ def test_a_collector_rolls_up_closed_blocks_by_itself(
                         c.handle("/metrics", {}, "")[1].decode())
     finally:
         c.close()
+
+
+def test_the_seal_loop_rests_after_each_move_of_rows(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Moves of rows (cluster.py) take at most 1 / (1 + CLUSTER_REST) of the
+    time: after each, the loop rests CLUSTER_REST times as long as it took."""
+    monkeypatch.setattr(server, "SEAL_PAUSE_S", 0.001)
+    stop, began = threading.Event(), []
+
+    class Moving:
+        def seal(self, now_ns: int) -> bool:
+            return False
+
+        def cluster(self) -> int | None:
+            began.append(time.monotonic())
+            time.sleep(0.05)
+            if len(began) == 4:
+                stop.set()
+            return 7
+
+    class Counter:
+        n = 0
+
+        def inc(self, by: int = 1) -> None:
+            self.n += by
+    loop = SimpleNamespace(store=Moving(), _stop=stop,
+                           metrics=SimpleNamespace(sealed=Counter(), clustered=Counter()))
+    Collector._seal_loop(loop)  # type: ignore[arg-type]
+    gaps = [b - a for a, b in itertools.pairwise(began)]
+    assert len(gaps) == 3 and min(gaps) >= 0.05 * (1 + server.CLUSTER_REST), gaps
+    assert loop.metrics.clustered.n == 4 * 7
 
 
 def test_a_store_of_schema_5_keeps_its_seals_as_five_minute_blocks(

@@ -21,15 +21,19 @@ writes, not under the store's lock: a write's rows are new rows, never
 these, and a late row a write adds to the block meanwhile is not in the
 transaction's snapshot, so it stays where it was. A deletion of the same
 rows (retention) makes one of the two fail; the block is tried again
-later. A block moves a range of series at a time (``CHUNK_ROWS``), so no
-move is long or large; ``clustered`` lists the blocks done (marked by
-the last move), and retention deletes its entries with the blocks.
+later. A block moves a range of series at a time (``CHUNK_ROWS``), one
+move per ``Clusterer.step``: the caller rests between them (server.py),
+because a move takes both cores and DuckDB's commit beside the writes
+(clustered at once, a fleet hour held writes back for over a minute and
+refused 536 of them). ``clustered`` lists the blocks done (marked by the
+last move), and retention deletes its entries with the blocks.
 """
 
 from __future__ import annotations
 
 import contextlib
 import threading
+from collections.abc import Iterator
 
 import duckdb
 
@@ -40,10 +44,19 @@ CREATE TABLE IF NOT EXISTS clustered (type UBIGINT, block BIGINT);
 """
 _MOVED = "_ember_moved"
 _WHERE = "type = ? AND time_ns >= ? AND time_ns < ?"
-#: Rows moved in one transaction at most (bar one series' own): DuckDB holds
-#: them in a table of their own for a moment (spilled past its memory limit),
-#: and the merges wait for each move (Store.cluster).
-CHUNK_ROWS = 1 << 19
+#: Rows moved in one transaction at most (bar one series' own). A block
+#: this size or smaller moves whole: its rows are then whole row groups,
+#: dropped cheaply at the checkpoint. Moved a range of series at a time,
+#: each move deletes rows from every row group of the block, and each
+#: checkpoint rewrites them all again: 13 moves of 2^17 rows made the
+#: checkpoints after them grow to a second, each holding the writes' commits.
+CHUNK_ROWS = 1 << 21
+#: DuckDB's threads and memory while a move runs (the store's own after):
+#: one thread leaves the other core to the writes (beside 30 profiles a
+#: second, the acknowledgements' p99 went from 650-850 ms to 270-340); with
+#: the store's 64 MB the moved block filled DuckDB's buffers, and a write's
+#: commit failed to pin a block.
+MOVE_THREADS, MOVE_MEMORY = 1, "160MB"
 
 
 def next_block(cur: duckdb.DuckDBPyConnection) -> tuple[int, int] | None:
@@ -99,18 +112,54 @@ def move(cur: duckdb.DuckDBPyConnection, type_id: int, start: int, series: tuple
     return moved
 
 
-def cluster_next(cur: duckdb.DuckDBPyConnection, reading: threading.Lock) -> int | None:
-    """Cluster the oldest sealed block not yet clustered, a range of series
-    at a time, each move under ``reading`` (the store's large reads wait
-    for it, and it for them); the rows moved, or None when none is left."""
-    todo = next_block(cur)
-    if todo is None:
-        return None
-    ranges = chunks(cur, *todo)
-    if not ranges:   # (retention emptied it meanwhile)
-        cur.execute("INSERT INTO clustered VALUES (?, ?)", todo)
-    moved = 0
-    for i, series in enumerate(ranges):
-        with reading:
-            moved += move(cur, *todo, series, last=i == len(ranges) - 1)
-    return moved
+class Clusterer:
+    """The block being clustered and its ranges of series still to move,
+    moved one per ``step``, for a store whose DuckDB runs ``threads`` and
+    ``memory_limit`` (set again after each move)."""
+
+    def __init__(self, threads: int, memory_limit: str) -> None:
+        self._block: tuple[int, int] | None = None
+        self._ranges: list[tuple[int, int]] = []
+        self._threads, self._memory_limit = threads, memory_limit
+
+    @contextlib.contextmanager
+    def _moving(self, cur: duckdb.DuckDBPyConnection) -> Iterator[None]:
+        """Under MOVE_THREADS and MOVE_MEMORY, and checkpointed after: the
+        moved rows leave DuckDB's log now, not in a write's commit (DuckDB
+        checkpoints when a commit finds its log past 16 MB)."""
+        cur.execute(f"SET threads = {MOVE_THREADS}")
+        cur.execute(f"SET memory_limit = '{MOVE_MEMORY}'")
+        try:
+            yield
+            with contextlib.suppress(duckdb.Error):   # (a write under way: DuckDB's turn)
+                cur.execute("CHECKPOINT")
+        finally:
+            cur.execute(f"SET threads = {self._threads}")
+            cur.execute(f"SET memory_limit = '{self._memory_limit}'")
+
+    def step(self, cur: duckdb.DuckDBPyConnection, reading: threading.Lock) -> int | None:
+        """Move the next range of series of the oldest sealed block not yet
+        clustered, under ``reading`` (the store's large reads wait for it,
+        and it for them): the rows moved, or None when no block is left.
+        A failure (duckdb.Error) drops the plan: the block is planned again
+        from its rows as they are then."""
+        try:
+            if self._block is None:
+                todo = next_block(cur)
+                if todo is None:
+                    return None
+                self._block, self._ranges = todo, chunks(cur, *todo)
+            if not self._ranges:   # (retention emptied it meanwhile)
+                cur.execute("INSERT INTO clustered VALUES (?, ?)", self._block)
+                moved = 0
+            else:
+                with reading, self._moving(cur):
+                    moved = move(cur, *self._block, self._ranges[0],
+                                 last=len(self._ranges) == 1)
+                del self._ranges[0]
+        except BaseException:
+            self._block = None
+            raise
+        if not self._ranges:
+            self._block = None
+        return moved

@@ -42,7 +42,7 @@ from ..httpserve import holding
 from ..model import ProfileType
 from . import merge
 from .blocksums import BlockSums
-from .cluster import cluster_next
+from .cluster import Clusterer
 from .intern import Interner, Rows, labels_json, series_id, thread_name_id, type_id
 from .leaves import PERFECT_BITS, Leaves
 from .matchers import Matchers, selector
@@ -68,6 +68,8 @@ log = logging.getLogger(__name__)
 
 #: How long a measured store size stands (size_bytes)
 SIZE_FRESH_S = 1.0
+#: DuckDB's threads
+THREADS = 2
 
 
 class Store:
@@ -76,6 +78,7 @@ class Store:
         self._lock = threading.Lock()
         self._reading = threading.Lock()   # one large read at a time (reading)
         self._clustering = threading.Lock()   # (close waits for a block's move)
+        self._clusterer = Clusterer(THREADS, memory_limit)
         self._closed = False
         self._queue = Queue()   # writes waiting for the lock
         # bumped by every change: query caches key on it, and each sample row
@@ -108,7 +111,7 @@ class Store:
             # tables): a fleet hour's merges, one at a time (reading), run
             # as fast at 64 MB as at 1 GB
             self._db.execute(f"SET memory_limit = '{self._memory_limit}'")
-            self._db.execute("SET threads = 2")
+            self._db.execute(f"SET threads = {THREADS}")
             self._db.execute("SET preserve_insertion_order = false")
             self._db.execute(f"SET GLOBAL perfect_ht_threshold = {PERFECT_BITS}")
             create_or_upgrade(self._db, self.path)
@@ -422,15 +425,15 @@ class Store:
         return False
 
     def cluster(self) -> int | None:
-        """cluster.cluster_next on a cursor of its own, beside the writes
-        (not under the store's lock); StorageError when it failed (a
-        conflict with retention, a full disk): tried again later."""
+        """One move of cluster.Clusterer.step, on a cursor of its own,
+        beside the writes (not under the store's lock); StorageError when
+        it failed (a conflict with retention, a full disk): tried again later."""
         with self._clustering:
             if self._closed:
                 return None
             try:
                 with contextlib.closing(self.cursor()) as cur:
-                    return cluster_next(cur, self._reading)
+                    return self._clusterer.step(cur, self._reading)
             except duckdb.Error as exc:
                 raise storage_error("clustering a block", exc) from None
 
