@@ -70,13 +70,11 @@ def fetch(u: str) -> float:
     return time.perf_counter() - began
 
 
-def wait_still(port: int, metric: str, still_s: float = 5.0, most_s: float = 300,
-               zero: bool = False) -> int:
+def wait_still(port: int, metric: str, still_s: float = 5.0, most_s: float = 300) -> int:
     """The collector's ``metric`` once it stays the same for ``still_s``
     (it seals the closed blocks one at a time as it starts, then groups
     their rows by series), or after ``most_s`` (it failed: the collector
-    logs why); ``zero``: a metric that may stay 0 (clustering is off by
-    default: server.CLUSTER)."""
+    logs why)."""
     last, since, give_up = -1, time.monotonic(), time.monotonic() + most_s
     while time.monotonic() < give_up:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=60) as r:
@@ -85,7 +83,7 @@ def wait_still(port: int, metric: str, still_s: float = 5.0, most_s: float = 300
                 if line.startswith(f"{metric} "))
         if n != last:
             last, since = n, time.monotonic()
-        elif (n or zero) and time.monotonic() - since >= still_s:
+        elif n and time.monotonic() - since >= still_s:
             return n
         time.sleep(0.5)
     return last
@@ -188,7 +186,9 @@ def main() -> int:
             indexed = time.monotonic() - began
             sealed = wait_still(port, "ember_collector_blocks_sealed_total")
             rolled = time.monotonic() - began
-            clustered = wait_still(port, "ember_collector_rows_clustered_total", zero=True)
+            # (the collector rests 4 times as long as each move took: server.CLUSTER_REST)
+            clustered = wait_still(port, "ember_collector_rows_clustered_total", still_s=60,
+                                   most_s=600)
             grouped = time.monotonic() - began
             phase = "views"
             rows = []
