@@ -88,22 +88,32 @@ def physical(store: Store, block: int) -> list[tuple[int, int]]:
 
 def test_rows_move_once_in_series_order_and_no_answer_changes(
         stores: tuple[Store, Store], monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(cluster, "CHUNK_ROWS", 200)   # several moves a block
     a, b = stores
     write_both(stores, 1, range(0, 20 * 60, 30))
     seal_all(a)
     seal_all(b)
+    with a.cursor() as cur:   # several moves a block, each of a few times
+        (most,), = cur.execute("SELECT max(n) FROM (SELECT COUNT(*) n FROM samples "
+                               "GROUP BY time_ns)").fetchall()
+    monkeypatch.setattr(cluster, "CHUNK_ROWS", 3 * most)
     before, generation = rows(a), a.generation
     blocks = five_minute_seals(a)
     assert len(blocks) >= 4
     in_blocks = sum(1 for r in before if any(k <= r[0] < k + BLOCK_NS for k in blocks))
+    with a.cursor() as cur:
+        (tid,), = cur.execute("SELECT DISTINCT type FROM samples").fetchall()
+        slices = {k: cluster.chunks(cur, tid, k) for k in blocks}
+    assert sum(len(v) > 1 for v in slices.values()) >= 3
+    assert all(lo < hi for v in slices.values() for lo, hi in v[:-1]), slices
     assert cluster_all(a) == in_blocks
     assert clustered(a) == blocks
     assert a.cluster() is None                       # none left
     assert rows(a) == before and a.generation == generation
-    for k in blocks:
+    for k in blocks:   # each slice of the block's times in (series, time) order
         order = physical(a, k)
-        assert order == sorted(order) and len({s for s, _ in order}) == len(PIDS)
+        key = [(next(i for i, (lo, hi) in enumerate(slices[k]) if lo <= t <= hi), s, t)
+               for s, t in order]
+        assert key == sorted(key) and len({s for s, _ in order}) == len(PIDS)
     assert answers(a) == answers(b)
 
 

@@ -8,9 +8,10 @@ of buffers those column blocks do not stay cached: a fleet hour's one
 host (1.25M of 25M rows) took 55-60 ms to read.
 
 So once a five-minute block is sealed (rollup.py) its rows of that type are
-written again ordered by (series, time): each row group then holds a
-narrow run of series, and DuckDB's per-row-group minimum and maximum skip
-the rest. The same hour's host: 15-24 ms. Ordered by time within a series,
+written again ordered by (series, time), the whole block at once or, past
+``CHUNK_ROWS``, a slice of its times at a time: each row group then holds
+a narrow run of series, and DuckDB's per-row-group minimum and maximum
+skip the rest. The same hour's host: 15-24 ms. Ordered by time within a series,
 the time columns keep their runs and compress as before (ordered by leaf
 instead, they took 75% more disk).
 
@@ -21,12 +22,12 @@ writes, not under the store's lock: a write's rows are new rows, never
 these, and a late row a write adds to the block meanwhile is not in the
 transaction's snapshot, so it stays where it was. A deletion of the same
 rows (retention) makes one of the two fail; the block is tried again
-later. A block moves a range of series at a time (``CHUNK_ROWS``), one
-move per ``Clusterer.step``: the caller rests between them (server.py),
-because a move takes both cores and DuckDB's commit beside the writes
-(clustered at once, a fleet hour held writes back for over a minute and
-refused 536 of them). ``clustered`` lists the blocks done (marked by the
-last move), and retention deletes its entries with the blocks.
+later. One move per ``Clusterer.step``: the caller rests between them
+(server.py), because a move takes the CPU and DuckDB's commit and
+checkpoint beside the writes (clustered at once, a fleet hour held writes
+back for over a minute and refused 536 of them). ``clustered`` lists the
+blocks done (marked by the last move), and retention deletes its entries
+with the blocks.
 """
 
 from __future__ import annotations
@@ -44,12 +45,13 @@ CREATE TABLE IF NOT EXISTS clustered (type UBIGINT, block BIGINT);
 """
 _MOVED = "_ember_moved"
 _WHERE = "type = ? AND time_ns >= ? AND time_ns < ?"
-#: Rows moved in one transaction at most (bar one series' own). A block
-#: this size or smaller moves whole: its rows are then whole row groups,
-#: dropped cheaply at the checkpoint. Moved a range of series at a time,
-#: each move deletes rows from every row group of the block, and each
-#: checkpoint rewrites them all again: 13 moves of 2^17 rows made the
-#: checkpoints after them grow to a second, each holding the writes' commits.
+#: Rows moved in one transaction at most (bar those of one time): a block
+#: this size or smaller moves whole, a larger one a slice of its times at a
+#: time. Either way a move's rows are whole row groups as written, dropped
+#: cheaply at the checkpoint. Moved a range of series at a time instead,
+#: each move deleted rows from every row group of the block and each
+#: checkpoint rewrote them all: after 13 moves of 2^17 rows the checkpoints
+#: took up to a second, each holding the writes' commits.
 CHUNK_ROWS = 1 << 21
 #: DuckDB's threads and memory while a move runs (the store's own after):
 #: one thread leaves the other core to the writes (beside 30 profiles a
@@ -70,31 +72,32 @@ def next_block(cur: duckdb.DuckDBPyConnection) -> tuple[int, int] | None:
 
 
 def chunks(cur: duckdb.DuckDBPyConnection, type_id: int, start: int) -> list[tuple[int, int]]:
-    """The block's series numbers cut into ranges [first, last] of at most
-    ``CHUNK_ROWS`` rows each (a series with more is a range of its own)."""
-    counts = cur.execute("SELECT series, COUNT(*) FROM samples WHERE " + _WHERE
-                         + " GROUP BY series ORDER BY series",
+    """The block's times cut into ranges [first, last] of at most
+    ``CHUNK_ROWS`` rows each (the rows of one time with more are a range
+    of their own): slices of the block in the order it was written."""
+    counts = cur.execute("SELECT time_ns, COUNT(*) FROM samples WHERE " + _WHERE
+                         + " GROUP BY time_ns ORDER BY time_ns",
                          (type_id, start, start + BLOCK_NS)).fetchall()
     out: list[tuple[int, int]] = []
     held = 0
-    for series, n in counts:
+    for t, n in counts:
         if out and held + n <= CHUNK_ROWS:
-            out[-1] = (out[-1][0], int(series))
+            out[-1] = (out[-1][0], int(t))
             held += n
         else:
-            out.append((int(series), int(series)))
+            out.append((int(t), int(t)))
             held = n
     return out
 
 
-def move(cur: duckdb.DuckDBPyConnection, type_id: int, start: int, series: tuple[int, int],
+def move(cur: duckdb.DuckDBPyConnection, type_id: int, start: int, times: tuple[int, int],
          last: bool) -> int:
-    """Write the block's rows of the type and series range again, ordered
-    by (series, time), in one transaction (on ``cur``, a connection of its
-    own), with the block marked clustered when ``last``; returns how many
-    rows moved. duckdb.Error when it conflicts with another change."""
-    where = _WHERE + " AND series >= ? AND series <= ?"
-    args = (type_id, start, start + BLOCK_NS, *series)
+    """Write the block's rows of the type and times [first, last] again,
+    ordered by (series, time), in one transaction (on ``cur``, a connection
+    of its own), with the block marked clustered when ``last``; returns how
+    many rows moved. duckdb.Error when it conflicts with another change."""
+    where = "type = ? AND time_ns >= ? AND time_ns <= ?"
+    args = (type_id, *times)
     cur.execute("BEGIN TRANSACTION")
     try:
         cur.execute(f"CREATE TEMP TABLE {_MOVED} AS SELECT * FROM samples WHERE {where}", args)
@@ -113,7 +116,7 @@ def move(cur: duckdb.DuckDBPyConnection, type_id: int, start: int, series: tuple
 
 
 class Clusterer:
-    """The block being clustered and its ranges of series still to move,
+    """The block being clustered and its slices of times still to move,
     moved one per ``step``, for a store whose DuckDB runs ``threads`` and
     ``memory_limit`` (set again after each move)."""
 
@@ -138,7 +141,7 @@ class Clusterer:
             cur.execute(f"SET memory_limit = '{self._memory_limit}'")
 
     def step(self, cur: duckdb.DuckDBPyConnection, reading: threading.Lock) -> int | None:
-        """Move the next range of series of the oldest sealed block not yet
+        """Move the next slice of the oldest sealed block not yet
         clustered, under ``reading`` (the store's large reads wait for it,
         and it for them): the rows moved, or None when no block is left.
         A failure (duckdb.Error) drops the plan: the block is planned again
