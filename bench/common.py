@@ -178,6 +178,15 @@ def ns_per_sample(work: subprocess.Popen[bytes], seconds: float, *record_args: s
     return (t1 - t0) / max(1, n1 - n0)
 
 
+def metric(port: int, name: str) -> int:
+    """The sum of a Prometheus metric's samples on an ember HTTP port."""
+    import urllib.request
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=60) as r:
+        text = r.read().decode()
+    return sum(int(float(line.split()[-1])) for line in text.splitlines()
+               if line.startswith(f"{name} "))
+
+
 def render(title: str, head: list[str], rows: list[list[str]]) -> str:
     """A markdown table under a heading."""
     out = [f"### {title}", "", "| " + " | ".join(head) + " |",

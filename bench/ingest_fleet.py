@@ -39,7 +39,7 @@ from typing import NamedTuple
 
 import grpc
 
-from common import EMBER, cpu_seconds, free_port, render, status_kb
+from common import EMBER, cpu_seconds, free_port, metric, render, status_kb
 from ember.agent.labels import ProcessLabels, series_labels
 from ember.collector.validate import decompress
 from ember.encode.writeraw import PROFILE_ID_PREFIX, make_series
@@ -224,6 +224,9 @@ def main() -> int:
             elapsed = time.monotonic() - began
             cpu = total(family(proc.pid), cpu_seconds) - cpu0
             own = time.process_time() - own0
+            # what the seal loop did beside the writes (a block closes every 5 min)
+            sealed = metric(port, "ember_collector_blocks_sealed_total")
+            grouped = metric(port, "ember_collector_rows_clustered_total")
         finally:
             stop.set()
             proc.terminate()
@@ -251,7 +254,9 @@ def main() -> int:
                    ["collector CPU, with its workers (cores busy)", f"{cpu / elapsed:.2f}"],
                    ["this load's own CPU (cores busy)", f"{own / elapsed:.2f}"],
                    ["collector peak RSS (MB)", f"{peak / 1024:.0f}"],
-                   ["peak RSS with its workers (MB)", f"{peak_all / 1024:.0f}"]])]
+                   ["peak RSS with its workers (MB)", f"{peak_all / 1024:.0f}"],
+                   ["blocks rolled up / rows grouped by series meanwhile",
+                    f"{sealed} / {grouped:,}"]])]
     print("\n".join(out))
     return 0
 

@@ -36,7 +36,7 @@ from pathlib import Path
 import grpc
 from fleet_hour import generate, scaled
 
-from common import EMBER, free_port, render, status_kb
+from common import EMBER, free_port, metric, render, status_kb
 from ember.agent.labels import ProcessLabels, series_labels
 from ember.collector.store import Store
 from ember.collector.validate import DEFAULT_LIMITS, check_request
@@ -70,17 +70,14 @@ def fetch(u: str) -> float:
     return time.perf_counter() - began
 
 
-def wait_still(port: int, metric: str, still_s: float = 5.0, most_s: float = 300) -> int:
-    """The collector's ``metric`` once it stays the same for ``still_s``
+def wait_still(port: int, name: str, still_s: float = 5.0, most_s: float = 300) -> int:
+    """The collector's metric ``name`` once it stays the same for ``still_s``
     (it seals the closed blocks one at a time as it starts, then groups
     their rows by series), or after ``most_s`` (it failed: the collector
     logs why)."""
     last, since, give_up = -1, time.monotonic(), time.monotonic() + most_s
     while time.monotonic() < give_up:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=60) as r:
-            text = r.read().decode()
-        n = sum(int(float(line.split()[-1])) for line in text.splitlines()
-                if line.startswith(f"{metric} "))
+        n = metric(port, name)
         if n != last:
             last, since = n, time.monotonic()
         elif n and time.monotonic() - since >= still_s:
