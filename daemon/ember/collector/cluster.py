@@ -55,7 +55,7 @@ _WHERE = "type = ? AND time_ns >= ? AND time_ns < ?"
 CHUNK_ROWS = 1 << 21
 #: DuckDB's threads and memory while a move runs (the store's own after):
 #: one thread leaves the other core to the writes (beside 30 profiles a
-#: second, the acknowledgements' p99 went from 650-850 ms to 270-340); with
+#: second, the acknowledgements' p99 went from 390-840 ms to 270-340); with
 #: the store's 64 MB the moved block filled DuckDB's buffers, and a write's
 #: commit failed to pin a block.
 MOVE_THREADS, MOVE_MEMORY = 1, "160MB"
