@@ -1,6 +1,8 @@
 """Rows made by decode workers (collector/workers.py) store exactly what the
-collector stores reading the requests itself, and a worker that already
-sent a frame or stack for a write that failed does not leave it out."""
+collector stores reading the requests itself, a worker that already sent a
+frame or stack for a write that failed does not leave it out, and each
+program's profiles go to one worker (a request split by program comes back
+whole, in order, refused as one)."""
 
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ import pytest
 from ember.agent.labels import ProcessLabels, series_labels
 from ember.collector import workers
 from ember.collector.store import Store
-from ember.collector.validate import DEFAULT_LIMITS, check_request
+from ember.collector.validate import DEFAULT_LIMITS, InvalidRequest, check_request
 from ember.encode.writeraw import make_series
 from ember.proto import profilestore_pb2 as ps
 from tests.support.profiles import fleet_profile
@@ -32,12 +34,13 @@ def fresh_worker(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     yield
 
 
-def requests(n: int, seed: int = 4) -> list[ps.WriteRawRequest]:
+def requests(n: int, seed: int = 4, programs: int = 1) -> list[ps.WriteRawRequest]:
     rng = random.Random(seed)
     out = []
     for i in range(n):
-        prof = fleet_profile(rng)
-        labels = series_labels(prof.type, ProcessLabels(pid=10 + i % 3, comm="svc"),
+        prof = fleet_profile(rng, program=i % programs)
+        labels = series_labels(prof.type, ProcessLabels(pid=10 + i % 3,
+                                                        comm=f"svc{i % programs}"),
                                {"host": f"h{i % 2}"})
         now = time.time_ns() - 10**10 + i
         out.append(ps.WriteRawRequest(series=[make_series(replace(
@@ -91,11 +94,11 @@ def test_a_worker_that_dies_is_replaced() -> None:
     try:
         (req,) = requests(1)
         first, _ = pool.prepare(req, time.time_ns())
-        (pid,) = list(pool._pool._processes)  # type: ignore[attr-defined]
+        (pid,) = list(pool._pools[0]._processes)  # type: ignore[attr-defined]
         os.kill(pid, signal.SIGKILL)
         again, _ = pool.prepare(req, time.time_ns())
         assert [x.profile for x in again] == [x.profile for x in first]
-        assert list(pool._pool._processes) != [pid]  # type: ignore[attr-defined]
+        assert list(pool._pools[0]._processes) != [pid]  # type: ignore[attr-defined]
     finally:
         pool.close()
 
@@ -103,8 +106,105 @@ def test_a_worker_that_dies_is_replaced() -> None:
 def test_the_pool_starts_its_processes_before_the_first_request() -> None:
     pool = workers.Workers(2, DEFAULT_LIMITS)
     try:
-        processes = pool._pool._processes  # type: ignore[attr-defined]
-        assert wait_for(lambda: len(processes) == 2 and all(
-            p.is_alive() for p in processes.values()), timeout=60), processes
+        processes = [p._processes for p in pool._pools]  # type: ignore[attr-defined]
+        assert wait_for(lambda: all(len(ps) == 1 and all(p.is_alive() for p in ps.values())
+                                    for ps in processes), timeout=60), processes
+    finally:
+        pool.close()
+
+
+def series_of(reqs: list[ps.WriteRawRequest]) -> ps.WriteRawRequest:
+    """One request of every series of ``reqs``, as an agent batches them."""
+    return ps.WriteRawRequest(series=[s for r in reqs for s in r.series])
+
+
+def test_program_is_the_executable_then_the_command_then_the_labels() -> None:
+    def labels(**kv: str) -> ps.LabelSet:
+        return ps.LabelSet(labels=[ps.Label(name=k, value=v) for k, v in kv.items()])
+
+    assert workers.program_of(labels(comm="a", executable="/bin/x", pid="1")) == \
+        workers.program_of(labels(comm="b", executable="/bin/x", pid="2"))
+    assert workers.program_of(labels(comm="a", pid="1")) == \
+        workers.program_of(labels(comm="a", pid="2"))
+    assert workers.program_of(labels(comm="a")) != workers.program_of(labels(comm="b"))
+    assert workers.program_of(labels(pid="1")) != workers.program_of(labels(pid="2"))
+
+
+def test_programs_are_dealt_out_evenly_and_stay_with_their_worker() -> None:
+    r = workers.Router(3)
+    first = [r.pick(f"p{i}") for i in range(6)]
+    assert sorted(first) == [0, 0, 1, 1, 2, 2]
+    assert [r.pick(f"p{i}") for i in range(6)] == first
+
+
+def test_a_busy_worker_hands_its_programs_on_and_the_other_learns_them() -> None:
+    r = workers.Router(2)
+    w = r.pick("p")
+    r.taken(w, workers.SPILL - 1)
+    assert r.pick("p") == w, "a little busier: still the worker that knows it"
+    r.taken(w, 1)
+    assert r.pick("p") == 1 - w, f"{workers.SPILL} more in hand: the other worker"
+    r.done(w, workers.SPILL)
+    r.taken(1 - w, 1)
+    assert r.pick("p") == w, "both know it now: the less busy"
+    r.done(1 - w, 1)
+    r.taken(w, 1)
+    assert r.pick("p") == 1 - w
+
+
+def test_each_programs_frames_are_learned_and_sent_once() -> None:
+    pool = workers.Workers(2, DEFAULT_LIMITS)
+    try:
+        reqs = requests(12, programs=3)
+        sent: list[int] = []
+        for req in reqs:   # one at a time: none busy, each to its program's worker
+            prepared, _ = pool.prepare(req, time.time_ns())
+            sent += [f for x in prepared for f in x.rows.new_frames]
+        assert len(sent) > 100
+        assert len(sent) == len(set(sent)), "a frame sent by two workers"
+        assert sorted(pool.router._programs) == [1, 2]
+    finally:
+        pool.close()
+
+
+def test_a_request_split_by_program_comes_back_whole_and_in_order() -> None:
+    reqs = requests(9, seed=5, programs=3)
+    batch = series_of(reqs)
+    pool = workers.Workers(2, DEFAULT_LIMITS)
+    try:
+        prepared, _ = pool.prepare(batch, time.time_ns())
+    finally:
+        pool.close()
+    mine = check_request(batch, DEFAULT_LIMITS, time.time_ns())
+    assert [x.profile.profile_id for x in prepared] == [sp.profile_id for sp in mine]
+    assert [x.profile.series_labels for x in prepared] == [sp.series_labels for sp in mine]
+    store = Store(":memory:")
+    store.write([x.profile for x in prepared], [(x.shape, x.rows) for x in prepared])
+    assert contents(store) == contents(by_the_collector([batch]))
+
+
+def test_a_split_request_with_a_bad_series_is_refused_whole_and_named() -> None:
+    reqs = requests(6, seed=6, programs=3)
+    bad = reqs[4].series[0].samples[0]
+    bad.raw_profile = b"\x1f\x8b not gzip"
+    batch = series_of(reqs)
+    pool = workers.Workers(2, DEFAULT_LIMITS)
+    try:
+        with pytest.raises(InvalidRequest, match=r"^series 4 sample 0: "):
+            pool.prepare(batch, time.time_ns())
+        assert pool.router.busy == [0, 0]
+    finally:
+        pool.close()
+    with pytest.raises(InvalidRequest, match=r"^series 4 sample 0: "):
+        check_request(batch, DEFAULT_LIMITS, time.time_ns())
+
+
+def test_ready_says_whether_every_worker_answers() -> None:
+    pool = workers.Workers(2, DEFAULT_LIMITS)
+    try:
+        assert pool.ready(60)
+        (pid,) = list(pool._pools[1]._processes)  # type: ignore[attr-defined]
+        os.kill(pid, signal.SIGKILL)
+        assert wait_for(lambda: not pool.ready(10), timeout=60)
     finally:
         pool.close()

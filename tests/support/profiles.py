@@ -58,9 +58,10 @@ def offcpu_profile() -> Profile:
 FLEET_EXE = Mapping(0x400000, 0x500000, 0, "/usr/bin/app", "feedface")
 
 
-def fleet_profile(rng: random.Random, n: int = 60) -> Profile:
-    """Stacks from a small call tree, with source lines and inlined frames."""
-    names = [f"fn{i}" for i in range(40)]
+def fleet_profile(rng: random.Random, n: int = 60, program: int = 0) -> Profile:
+    """Stacks from a small call tree, with source lines and inlined frames
+    (the functions of another ``program`` have other names)."""
+    names = [f"{f'p{program}' if program else ''}fn{i}" for i in range(40)]
     frames = []
     for i, name in enumerate(names):
         frames.append(Frame(name, FrameKind.USER, FLEET_EXE, 0x400000 + 16 * i,

@@ -57,6 +57,9 @@ SEAL_PAUSE_S, SEAL_EVERY_S = 1.0, 30.0
 #: long as the move took: the moves take a fifth of the time at most, and
 #: the writes beside them the rest.
 CLUSTER_REST = 4.0
+#: How long the start waits for the decode workers to have imported what
+#: they run before taking writes (about half a second here).
+WORKERS_READY_S = 60.0
 
 
 def _loopback(hostport: str) -> bool:
@@ -181,6 +184,9 @@ class Collector:
             self.retention_once()
         except StorageError as exc:  # a full disk: serve queries, refuse writes
             log.error("retention at start: %s", exc)
+        if self.workers is not None and not self.workers.ready(WORKERS_READY_S):
+            log.warning("collector: decode workers not ready after %.0f s; serving anyway",
+                        WORKERS_READY_S)
         options = [("grpc.max_receive_message_length", cfg.max_request_size),
                    ("grpc.max_send_message_length", 1 << 20)]
         # no SO_REUSEPORT: a second collector on the port must fail, not

@@ -15,6 +15,7 @@ import hashlib
 import re
 import zlib
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -412,14 +413,17 @@ def profile_id(data: bytes, p: pb.Profile) -> str:
 
 
 def check_request(req: ps.WriteRawRequest, limits: Limits, now_ns: int,
-                  repairs: Counter[str] | None = None) -> list[StoredProfile]:
+                  repairs: Counter[str] | None = None,
+                  numbers: Sequence[int] | None = None) -> list[StoredProfile]:
     """Everything to store for a valid request; InvalidRequest otherwise.
-    ``repairs`` counts the profiles accepted after a repair, by kind."""
+    ``repairs`` counts the profiles accepted after a repair, by kind;
+    ``numbers``: each series' number in the request it was taken from (for
+    the messages; its position here if not given)."""
     if len(req.series) > MAX_SERIES:
         raise InvalidRequest(f"{len(req.series)} series, at most {MAX_SERIES}")
     out: list[StoredProfile] = []
     fixes: Counter[str] = Counter()
-    for si, series in enumerate(req.series):
+    for si, series in zip(numbers or range(len(req.series)), req.series, strict=True):
         try:
             labels = check_labels(series.labels)
         except InvalidRequest as exc:

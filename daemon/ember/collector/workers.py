@@ -14,6 +14,18 @@ frame or stack it made for a write that then failed here is not resent,
 so ``Interner.adopt`` checks that everything a worker's rows name is
 either stored or sent along; if not, the collector makes that profile's
 rows itself from the stored bytes (``Store.write``'s own path).
+
+Each program's profiles go to one worker (``Router``): a program's first
+profile costs a worker three times a known one's (its 5,000 locations made
+into frames), and every frame a worker calls new is sent to the collector,
+unpickled and checked there. Sent to whichever process was free, every
+worker learned every program, and a fleet's first seconds took twice that
+work on both sides. A program is the series' executable (or command): an
+agent's request holds the series of many programs, so a request is split by
+program, each part read by its worker, the results put back in the
+request's order. When the workers that know a program have ``SPILL`` more
+profiles in hand than the least busy, that one learns it too: a program's
+worker is a preference, not a queue to wait in.
 """
 
 from __future__ import annotations
@@ -22,7 +34,8 @@ import logging
 import multiprocessing
 import threading
 from collections import Counter
-from concurrent.futures import ProcessPoolExecutor
+from collections.abc import Sequence
+from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import replace
 from typing import NamedTuple
@@ -32,7 +45,7 @@ from ..proto import profilestore_pb2 as ps
 from .intern import Interner, Rows
 from .rows import StoredProfile
 from .tables import shape_json
-from .validate import Limits, check_request
+from .validate import MAX_SERIES, InvalidRequest, Limits, check_request
 
 log = logging.getLogger(__name__)
 
@@ -46,20 +59,25 @@ class Prepared(NamedTuple):
     rows: Rows
 
 
+#: What a worker sends back for a request: its profiles, and the repairs made.
+Read = tuple[list["Prepared"], Counter[str]]
+
 _interner: Interner | None = None
 
 
-def prepare(data: bytes, limits: Limits, now_ns: int
-            ) -> tuple[list[Prepared], Counter[str]]:
+def prepare(data: bytes, limits: Limits, now_ns: int, numbers: Sequence[int] | None = None
+            ) -> Read:
     """In a worker: the serialized WriteRawRequest ``data`` checked
-    (InvalidRequest as in the collector) and made into rows."""
+    (InvalidRequest as in the collector) and made into rows; ``numbers``:
+    its series' numbers in the request it was split from."""
     global _interner
     if _interner is None:
         _interner = Interner()
     it = _interner
     repairs: Counter[str] = Counter()
     out = []
-    for sp in check_request(ps.WriteRawRequest.FromString(data), limits, now_ns, repairs):
+    for sp in check_request(ps.WriteRawRequest.FromString(data), limits, now_ns, repairs,
+                            numbers):
         assert sp.proto is not None
         rows = Rows()
         it.add(rows, sp.proto, sp.series_labels, sp.type, sp.time_ns,
@@ -75,37 +93,163 @@ def prepare(data: bytes, limits: Limits, now_ns: int
     return out, repairs
 
 
+#: Labels naming what a series' profiles share frames with, first found first.
+PROGRAM_LABELS = ("executable", "comm")
+#: Profiles in hand past the least busy worker's at which the workers that
+#: know a program hand its new ones on (a worker learning a program anew
+#: costs it about 40 ms; a queue of two waits longer).
+SPILL = 2
+#: Programs remembered; past it the table starts again.
+MAX_PROGRAMS = 1 << 16
+
+
+def program_of(labels: ps.LabelSet) -> str:
+    """The program of a series: its executable or command, else its labels."""
+    got = {lb.name: lb.value for lb in labels.labels}
+    for name in PROGRAM_LABELS:
+        if got.get(name):
+            return f"{name}={got[name]}"
+    return repr(sorted(got.items()))
+
+
+class Router:
+    """Which of ``n`` workers reads a program's profiles: of the workers
+    that know it, the least busy, unless that one has ``SPILL`` more
+    profiles in hand than the least busy of all, which then learns it too.
+    A new program goes to the worker given the fewest."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self._lock = threading.Lock()
+        self._known: dict[str, int] = {}   # program -> the workers knowing it, as bits
+        self._programs = [0] * n           # programs given to each
+        self.busy = [0] * n                # profiles in hand, each
+
+    def pick(self, program: str) -> int:
+        with self._lock:
+            busy = self.busy
+            least = min(range(self.n), key=busy.__getitem__)
+            known = self._known.get(program, 0)
+            if not known:
+                if len(self._known) >= MAX_PROGRAMS:
+                    self._known, self._programs = {}, [0] * self.n
+                w = min(range(self.n), key=lambda i: (self._programs[i], busy[i]))
+            else:
+                w = min((i for i in range(self.n) if known >> i & 1), key=busy.__getitem__)
+                if busy[w] < busy[least] + SPILL:
+                    return w
+                w = least
+            self._known[program] = known | 1 << w
+            self._programs[w] += 1
+            return w
+
+    def taken(self, w: int, profiles: int) -> None:
+        with self._lock:
+            self.busy[w] += profiles
+
+    def done(self, w: int, profiles: int) -> None:
+        with self._lock:
+            self.busy[w] -= profiles
+
+
 class Workers:
-    """A pool of ``n`` decode processes, started at once: each process is
-    handed an empty request, so it has imported what it runs and made its
-    interner before the first write comes (a pool started by the first
-    writes held them about a second longer)."""
+    """``n`` decode processes, started at once: each process is handed an
+    empty request, so it has imported what it runs and made its interner
+    before the first write comes (a pool started by the first writes held
+    them about a second longer). Each is a pool of one, so that what a
+    request holds of a program goes to the worker that knows it."""
 
     def __init__(self, n: int, limits: Limits):
         self.n, self.limits = n, limits
+        self.router = Router(n)
         self._restart = threading.Lock()
-        self._pool = self._start()
+        self._pools = [self._start() for _ in range(n)]
 
     def _start(self) -> ProcessPoolExecutor:
         # forkserver: the collector has threads, which fork would copy mid-state
-        pool = ProcessPoolExecutor(self.n, mp_context=multiprocessing.get_context("forkserver"))
-        for _ in range(self.n):   # (each submit with none idle starts a process)
-            pool.submit(prepare, b"", self.limits, 0)
+        pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("forkserver"))
+        pool.submit(prepare, b"", self.limits, 0)
         return pool
 
-    def prepare(self, request: ps.WriteRawRequest, now_ns: int
-                ) -> tuple[list[Prepared], Counter[str]]:
-        data = request.SerializeToString()
-        pool = self._pool
+    def ready(self, timeout: float) -> bool:
+        """Whether every worker has answered once, waiting up to ``timeout`` s."""
+        futures = [pool.submit(prepare, b"", self.limits, 0) for pool in self._pools]
         try:
-            return pool.submit(prepare, data, self.limits, now_ns).result()
+            for f in futures:
+                f.result(timeout)
+        except Exception:
+            return False
+        return True
+
+    def prepare(self, request: ps.WriteRawRequest, now_ns: int) -> Read:
+        """``request`` checked and made into rows, each program's series by
+        its worker at once; the results in the request's order."""
+        if len(request.series) > MAX_SERIES:   # (before splitting it by program)
+            raise InvalidRequest(f"{len(request.series)} series, at most {MAX_SERIES}")
+        parts: dict[int, list[int]] = {}
+        for i, series in enumerate(request.series):
+            parts.setdefault(self.router.pick(program_of(series.labels)), []).append(i)
+        if len(parts) == 1:
+            ((w, _),) = parts.items()
+            return self._read([(w, None, request)], len(request.series), now_ns)
+        return self._read([(w, numbers, ps.WriteRawRequest(
+            series=[request.series[i] for i in numbers], normalized=request.normalized))
+            for w, numbers in sorted(parts.items(), key=lambda x: x[1][0])],
+            len(request.series), now_ns)
+
+    def _read(self, parts: list[tuple[int, list[int] | None, ps.WriteRawRequest]],
+              n_series: int, now_ns: int) -> Read:
+        """Each part (worker, its series' numbers, the request of them) read
+        by its worker, all at once."""
+        sent = []
+        for w, numbers, part in parts:
+            n = sum(len(s.samples) for s in part.series)
+            self.router.taken(w, n)
+            data = part.SerializeToString()
+            sent.append((w, n, numbers or list(range(n_series)), part, data,
+                         self._submit(w, data, numbers, now_ns)))
+        got: dict[int, list[Prepared]] = {}
+        repairs: Counter[str] = Counter()
+        try:
+            for w, _, numbers, part, data, (pool, future) in sent:
+                try:
+                    prepared, fixed = future.result()
+                except BrokenProcessPool:
+                    prepared, fixed = self._submit(w, data, numbers, now_ns, pool)[1].result()
+                # (a part refused: the request refused, as one check of it would)
+                repairs.update(fixed)
+                each = iter(prepared)
+                for i, series in zip(numbers, part.series, strict=True):
+                    got[i] = [next(each) for _ in series.samples]
+        finally:
+            for w, n, *_ in sent:
+                self.router.done(w, n)
+        return [x for i in range(n_series) for x in got[i]], repairs
+
+    def _submit(self, w: int, data: bytes, numbers: list[int] | None, now_ns: int,
+                broken: ProcessPoolExecutor | None = None
+                ) -> tuple[ProcessPoolExecutor, Future[Read]]:
+        """``data`` handed to worker ``w`` (started again first if it is
+        still ``broken``, or breaks now): the pool, and the future."""
+        pool = self._pools[w] if broken is None else self._restarted(w, broken)
+        try:
+            return pool, pool.submit(prepare, data, self.limits, now_ns, numbers)
         except BrokenProcessPool:
-            with self._restart:  # once, for every request the death failed
-                if self._pool is pool:
-                    log.error("collector: a decode worker died; starting the pool again")
-                    pool.shutdown(wait=False, cancel_futures=True)
-                    self._pool = self._start()
-            return self._pool.submit(prepare, data, self.limits, now_ns).result()
+            pool = self._restarted(w, pool)
+            return pool, pool.submit(prepare, data, self.limits, now_ns, numbers)
+
+    def _restarted(self, w: int, pool: ProcessPoolExecutor) -> ProcessPoolExecutor:
+        """Worker ``w``'s pool, started again if it is still ``pool`` (once,
+        for every request its death failed)."""
+        with self._restart:
+            if self._pools[w] is pool:
+                log.error("collector: decode worker %d died; starting it again", w)
+                pool.shutdown(wait=False, cancel_futures=True)
+                self._pools[w] = self._start()
+            return self._pools[w]
 
     def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        for pool in self._pools:
+            pool.shutdown(wait=False, cancel_futures=True)
+
+

@@ -279,7 +279,8 @@ class CollectorConfig:
         "Processes that validate WriteRaw requests and turn them into rows, beside the "
         "collector's own (0: it does this itself). Reading a 1,000-stack profile is about "
         "12-20 ms of CPU, so one process takes 30-50 profiles a second beside the writes; "
-        "give the cores the collector may use (docs/storage.md, Ingest).", "int", 0, 64))
+        "give the cores the collector may use. Each program's profiles go to one of them, "
+        "which learns its frames once (docs/storage.md, Ingest).", "int", 0, 64))
     max_profile_size: int = field(default=64 << 20, metadata=opt(
         "Largest decompressed pprof accepted (a gzip bomb is rejected).", "size", 1 << 16,
         1 << 31))
