@@ -12,6 +12,7 @@ import signal
 import time
 from collections.abc import Iterator
 from dataclasses import replace
+from typing import Any
 
 import pytest
 
@@ -167,15 +168,29 @@ def test_each_programs_frames_are_learned_and_sent_once() -> None:
         pool.close()
 
 
-def test_a_request_split_by_program_comes_back_whole_and_in_order() -> None:
+def test_a_request_split_by_program_comes_back_whole_and_in_order(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     reqs = requests(9, seed=5, programs=3)
     batch = series_of(reqs)
+    # a series of two profiles, as an agent's spool holds them
+    batch.series[4].samples.extend(requests(1, seed=9, programs=1)[0].series[0].samples)
     pool = workers.Workers(2, DEFAULT_LIMITS)
+    parts: list[tuple[int, list[int] | None]] = []
+    submit = pool._submit
+
+    def seen(w: int, data: bytes, numbers: list[int] | None, *args: Any) -> Any:
+        parts.append((w, numbers))
+        return submit(w, data, numbers, *args)
+    monkeypatch.setattr(pool, "_submit", seen)
     try:
         prepared, _ = pool.prepare(batch, time.time_ns())
+        assert pool.router.busy == [0, 0]
     finally:
         pool.close()
+    assert sorted(w for w, _ in parts) == [0, 1], "one part for each worker"
+    assert sorted(i for _, numbers in parts for i in numbers or []) == list(range(9))
     mine = check_request(batch, DEFAULT_LIMITS, time.time_ns())
+    assert len(mine) == 10
     assert [x.profile.profile_id for x in prepared] == [sp.profile_id for sp in mine]
     assert [x.profile.series_labels for x in prepared] == [sp.series_labels for sp in mine]
     store = Store(":memory:")
@@ -185,8 +200,8 @@ def test_a_request_split_by_program_comes_back_whole_and_in_order() -> None:
 
 def test_a_split_request_with_a_bad_series_is_refused_whole_and_named() -> None:
     reqs = requests(6, seed=6, programs=3)
-    bad = reqs[4].series[0].samples[0]
-    bad.raw_profile = b"\x1f\x8b not gzip"
+    for i in (4, 5):   # (in two workers' parts: the lower is named)
+        reqs[i].series[0].samples[0].raw_profile = b"\x1f\x8b not gzip"
     batch = series_of(reqs)
     pool = workers.Workers(2, DEFAULT_LIMITS)
     try:
@@ -199,12 +214,14 @@ def test_a_split_request_with_a_bad_series_is_refused_whole_and_named() -> None:
         check_request(batch, DEFAULT_LIMITS, time.time_ns())
 
 
-def test_ready_says_whether_every_worker_answers() -> None:
+def test_ready_asks_every_worker_and_starts_a_dead_one_again() -> None:
     pool = workers.Workers(2, DEFAULT_LIMITS)
     try:
         assert pool.ready(60)
         (pid,) = list(pool._pools[1]._processes)  # type: ignore[attr-defined]
         os.kill(pid, signal.SIGKILL)
-        assert wait_for(lambda: not pool.ready(10), timeout=60)
+        assert pool.ready(60)
+        assert list(pool._pools[1]._processes) != [pid]  # type: ignore[attr-defined]
+        assert pool.router.busy == [0, 0]
     finally:
         pool.close()

@@ -4,7 +4,7 @@ Reading a 1,000-stack profile (decompress, parse, check, intern) is about
 20 ms of Python, and one process holds one core however many gRPC threads
 wait on it: the collector took at most about 28 profiles a second on a
 2-core machine with the second core idle. With ``decode_workers`` set,
-each request goes to a pool of processes that run ``check_request`` and
+requests go to that many processes, which run ``check_request`` and
 ``Interner.add`` and send back what the store needs: the profile's
 metadata, its rows as arrays, and the frames and stacks new to that
 worker. The collector keeps the store, its lock and the one writer.
@@ -25,14 +25,19 @@ agent's request holds the series of many programs, so a request is split by
 program, each part read by its worker, the results put back in the
 request's order. When the workers that know a program have ``SPILL`` more
 profiles in hand than the least busy, that one learns it too: a program's
-worker is a preference, not a queue to wait in.
+worker is a preference, not a queue to wait in. A request refused in one
+part is refused whole; the parts other workers read meanwhile were only
+learned by them (``adopt`` covers that, as for a failed write).
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import multiprocessing
+import re
 import threading
+import time
 from collections import Counter
 from collections.abc import Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
@@ -103,13 +108,20 @@ SPILL = 2
 MAX_PROGRAMS = 1 << 16
 
 
-def program_of(labels: ps.LabelSet) -> str:
-    """The program of a series: its executable or command, else its labels."""
+def program_of(labels: ps.LabelSet) -> bytes:
+    """The program of a series: its executable or command, else its labels
+    (a digest: the labels are not checked yet, and the router keeps it)."""
     got = {lb.name: lb.value for lb in labels.labels}
-    for name in PROGRAM_LABELS:
-        if got.get(name):
-            return f"{name}={got[name]}"
-    return repr(sorted(got.items()))
+    key = next((f"{name}={got[name]}" for name in PROGRAM_LABELS if got.get(name)),
+               repr(sorted(got.items())))
+    return hashlib.blake2b(key.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+
+
+def _series_number(exc: InvalidRequest) -> int:
+    """The number of the series a refusal names (check_request's messages
+    begin "series N"), else none before it."""
+    m = re.match(r"series (\d+)", str(exc))
+    return int(m.group(1)) if m else -1
 
 
 class Router:
@@ -121,11 +133,11 @@ class Router:
     def __init__(self, n: int) -> None:
         self.n = n
         self._lock = threading.Lock()
-        self._known: dict[str, int] = {}   # program -> the workers knowing it, as bits
+        self._known: dict[bytes, int] = {}   # program -> the workers knowing it, as bits
         self._programs = [0] * n           # programs given to each
         self.busy = [0] * n                # profiles in hand, each
 
-    def pick(self, program: str) -> int:
+    def pick(self, program: bytes) -> int:
         with self._lock:
             busy = self.busy
             least = min(range(self.n), key=busy.__getitem__)
@@ -172,11 +184,17 @@ class Workers:
         return pool
 
     def ready(self, timeout: float) -> bool:
-        """Whether every worker has answered once, waiting up to ``timeout`` s."""
-        futures = [pool.submit(prepare, b"", self.limits, 0) for pool in self._pools]
+        """Whether every worker has answered once within ``timeout`` s (one
+        found dead is started again and asked)."""
+        deadline = time.monotonic() + timeout
         try:
-            for f in futures:
-                f.result(timeout)
+            for w in range(self.n):
+                pool, future = self._submit(w, b"", None, 0, 0)
+                try:
+                    future.result(max(0.0, deadline - time.monotonic()))
+                except BrokenProcessPool:
+                    self._submit(w, b"", None, 0, 0, pool)[1].result(
+                        max(0.0, deadline - time.monotonic()))
         except Exception:
             return False
         return True
@@ -194,49 +212,60 @@ class Workers:
             return self._read([(w, None, request)], len(request.series), now_ns)
         return self._read([(w, numbers, ps.WriteRawRequest(
             series=[request.series[i] for i in numbers], normalized=request.normalized))
-            for w, numbers in sorted(parts.items(), key=lambda x: x[1][0])],
-            len(request.series), now_ns)
+            for w, numbers in parts.items()], len(request.series), now_ns)
 
     def _read(self, parts: list[tuple[int, list[int] | None, ps.WriteRawRequest]],
               n_series: int, now_ns: int) -> Read:
         """Each part (worker, its series' numbers, the request of them) read
-        by its worker, all at once."""
-        sent = []
-        for w, numbers, part in parts:
-            n = sum(len(s.samples) for s in part.series)
-            self.router.taken(w, n)
-            data = part.SerializeToString()
-            sent.append((w, n, numbers or list(range(n_series)), part, data,
-                         self._submit(w, data, numbers, now_ns)))
+        by its worker, all at once. A part refused refuses the request, with
+        the message of its lowest-numbered series, as one check of the whole
+        request gives it."""
+        sent: list[tuple[int, list[int], ps.WriteRawRequest, bytes, ProcessPoolExecutor,
+                         Future[Read]]] = []
         got: dict[int, list[Prepared]] = {}
         repairs: Counter[str] = Counter()
+        refused: list[tuple[int, InvalidRequest]] = []
         try:
-            for w, _, numbers, part, data, (pool, future) in sent:
+            for w, numbers, part in parts:
+                data = part.SerializeToString()
+                pool, future = self._submit(w, data, numbers, now_ns, _profiles(part))
+                sent.append((w, numbers or list(range(n_series)), part, data, pool, future))
+            for w, numbers, part, data, pool, future in sent:
                 try:
-                    prepared, fixed = future.result()
-                except BrokenProcessPool:
-                    prepared, fixed = self._submit(w, data, numbers, now_ns, pool)[1].result()
-                # (a part refused: the request refused, as one check of it would)
+                    try:
+                        prepared, fixed = future.result()
+                    except BrokenProcessPool:
+                        prepared, fixed = self._submit(w, data, numbers, now_ns, _profiles(part),
+                                                       pool)[1].result()
+                except InvalidRequest as exc:
+                    refused.append((_series_number(exc), exc))
+                    continue
                 repairs.update(fixed)
                 each = iter(prepared)
                 for i, series in zip(numbers, part.series, strict=True):
                     got[i] = [next(each) for _ in series.samples]
         finally:
-            for w, n, *_ in sent:
-                self.router.done(w, n)
+            for *_, future in sent:   # (a failure here: the parts not begun are not read)
+                future.cancel()
+        if refused:
+            raise min(refused, key=lambda x: x[0])[1]
         return [x for i in range(n_series) for x in got[i]], repairs
 
-    def _submit(self, w: int, data: bytes, numbers: list[int] | None, now_ns: int,
+    def _submit(self, w: int, data: bytes, numbers: list[int] | None, now_ns: int, n: int,
                 broken: ProcessPoolExecutor | None = None
                 ) -> tuple[ProcessPoolExecutor, Future[Read]]:
-        """``data`` handed to worker ``w`` (started again first if it is
-        still ``broken``, or breaks now): the pool, and the future."""
+        """``data`` (``n`` profiles) handed to worker ``w`` (started again
+        first if it is still ``broken``, or breaks now): the pool, and the
+        future, whose profiles count as the worker's in hand until it is done."""
         pool = self._pools[w] if broken is None else self._restarted(w, broken)
         try:
-            return pool, pool.submit(prepare, data, self.limits, now_ns, numbers)
+            future = pool.submit(prepare, data, self.limits, now_ns, numbers)
         except BrokenProcessPool:
             pool = self._restarted(w, pool)
-            return pool, pool.submit(prepare, data, self.limits, now_ns, numbers)
+            future = pool.submit(prepare, data, self.limits, now_ns, numbers)
+        self.router.taken(w, n)
+        future.add_done_callback(lambda _: self.router.done(w, n))
+        return pool, future
 
     def _restarted(self, w: int, pool: ProcessPoolExecutor) -> ProcessPoolExecutor:
         """Worker ``w``'s pool, started again if it is still ``pool`` (once,
@@ -251,5 +280,9 @@ class Workers:
     def close(self) -> None:
         for pool in self._pools:
             pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _profiles(request: ps.WriteRawRequest) -> int:
+    return sum(len(s.samples) for s in request.series)
 
 
