@@ -412,6 +412,12 @@ def profile_id(data: bytes, p: pb.Profile) -> str:
     return "sha256:" + hashlib.sha256(data).hexdigest()
 
 
+def check_series_count(req: ps.WriteRawRequest) -> None:
+    """InvalidRequest for a request of more than ``MAX_SERIES`` series."""
+    if len(req.series) > MAX_SERIES:
+        raise InvalidRequest(f"{len(req.series)} series, at most {MAX_SERIES}")
+
+
 def check_request(req: ps.WriteRawRequest, limits: Limits, now_ns: int,
                   repairs: Counter[str] | None = None,
                   numbers: Sequence[int] | None = None) -> list[StoredProfile]:
@@ -419,8 +425,7 @@ def check_request(req: ps.WriteRawRequest, limits: Limits, now_ns: int,
     ``repairs`` counts the profiles accepted after a repair, by kind;
     ``numbers``: each series' number in the request it was taken from (for
     the messages; its position here if not given)."""
-    if len(req.series) > MAX_SERIES:
-        raise InvalidRequest(f"{len(req.series)} series, at most {MAX_SERIES}")
+    check_series_count(req)
     out: list[StoredProfile] = []
     fixes: Counter[str] = Counter()
     for si, series in zip(numbers or range(len(req.series)), req.series, strict=True):

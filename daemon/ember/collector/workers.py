@@ -50,7 +50,7 @@ from ..proto import profilestore_pb2 as ps
 from .intern import Interner, Rows
 from .rows import StoredProfile
 from .tables import shape_json
-from .validate import MAX_SERIES, InvalidRequest, Limits, check_request
+from .validate import InvalidRequest, Limits, check_request, check_series_count
 
 log = logging.getLogger(__name__)
 
@@ -190,11 +190,7 @@ class Workers:
         try:
             for w in range(self.n):
                 pool, future = self._submit(w, b"", None, 0, 0)
-                try:
-                    future.result(max(0.0, deadline - time.monotonic()))
-                except BrokenProcessPool:
-                    self._submit(w, b"", None, 0, 0, pool)[1].result(
-                        max(0.0, deadline - time.monotonic()))
+                self._result(w, b"", None, 0, 0, pool, future, deadline)
         except Exception:
             return False
         return True
@@ -202,8 +198,7 @@ class Workers:
     def prepare(self, request: ps.WriteRawRequest, now_ns: int) -> Read:
         """``request`` checked and made into rows, each program's series by
         its worker at once; the results in the request's order."""
-        if len(request.series) > MAX_SERIES:   # (before splitting it by program)
-            raise InvalidRequest(f"{len(request.series)} series, at most {MAX_SERIES}")
+        check_series_count(request)   # (of the whole request, before it is split)
         parts: dict[int, list[int]] = {}
         for i, series in enumerate(request.series):
             parts.setdefault(self.router.pick(program_of(series.labels)), []).append(i)
@@ -220,29 +215,26 @@ class Workers:
         by its worker, all at once. A part refused refuses the request, with
         the message of its lowest-numbered series, as one check of the whole
         request gives it."""
-        sent: list[tuple[int, list[int], ps.WriteRawRequest, bytes, ProcessPoolExecutor,
-                         Future[Read]]] = []
+        sent: list[tuple[int, list[int] | None, ps.WriteRawRequest, bytes, int,
+                         ProcessPoolExecutor, Future[Read]]] = []
         got: dict[int, list[Prepared]] = {}
         repairs: Counter[str] = Counter()
         refused: list[tuple[int, InvalidRequest]] = []
         try:
             for w, numbers, part in parts:
                 data = part.SerializeToString()
-                pool, future = self._submit(w, data, numbers, now_ns, _profiles(part))
-                sent.append((w, numbers or list(range(n_series)), part, data, pool, future))
-            for w, numbers, part, data, pool, future in sent:
+                n = sum(len(s.samples) for s in part.series)
+                sent.append((w, numbers, part, data, n,
+                             *self._submit(w, data, numbers, now_ns, n)))
+            for w, numbers, part, data, n, pool, future in sent:
                 try:
-                    try:
-                        prepared, fixed = future.result()
-                    except BrokenProcessPool:
-                        prepared, fixed = self._submit(w, data, numbers, now_ns, _profiles(part),
-                                                       pool)[1].result()
+                    prepared, fixed = self._result(w, data, numbers, now_ns, n, pool, future)
                 except InvalidRequest as exc:
                     refused.append((_series_number(exc), exc))
                     continue
                 repairs.update(fixed)
                 each = iter(prepared)
-                for i, series in zip(numbers, part.series, strict=True):
+                for i, series in zip(numbers or range(n_series), part.series, strict=True):
                     got[i] = [next(each) for _ in series.samples]
         finally:
             for *_, future in sent:   # (a failure here: the parts not begun are not read)
@@ -267,6 +259,19 @@ class Workers:
         future.add_done_callback(lambda _: self.router.done(w, n))
         return pool, future
 
+    def _result(self, w: int, data: bytes, numbers: list[int] | None, now_ns: int, n: int,
+                pool: ProcessPoolExecutor, future: Future[Read],
+                deadline: float | None = None) -> Read:
+        """What ``future`` (``data`` handed to worker ``w``'s ``pool``)
+        gives, or, if the worker died meanwhile, what ``data`` handed to it
+        started again gives; by ``deadline`` (monotonic) if one is given."""
+        def left() -> float | None:
+            return None if deadline is None else max(0.0, deadline - time.monotonic())
+        try:
+            return future.result(left())
+        except BrokenProcessPool:
+            return self._submit(w, data, numbers, now_ns, n, pool)[1].result(left())
+
     def _restarted(self, w: int, pool: ProcessPoolExecutor) -> ProcessPoolExecutor:
         """Worker ``w``'s pool, started again if it is still ``pool`` (once,
         for every request its death failed)."""
@@ -280,9 +285,3 @@ class Workers:
     def close(self) -> None:
         for pool in self._pools:
             pool.shutdown(wait=False, cancel_futures=True)
-
-
-def _profiles(request: ps.WriteRawRequest) -> int:
-    return sum(len(s.samples) for s in request.series)
-
-
