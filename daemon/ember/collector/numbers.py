@@ -61,16 +61,30 @@ class Numbers:
 
     def load(self, ids: U64, nums: npt.NDArray[np.integer]) -> None:
         """The table's (id, num) pairs; ValueError unless the numbers are
-        0..n-1, each once, and the ids distinct."""
-        order = np.argsort(nums, kind="stable")
-        if not np.array_equal(np.asarray(nums)[order], np.arange(len(nums))):
-            raise ValueError(f"the {self.what} table's numbers are not 0..n-1")
-        by_num = np.asarray(ids, np.uint64)[order]
-        if len(np.unique(by_num)) != len(by_num):
+        distinct and below 2^32 (with gaps where rows were forgotten:
+        garbage.py; a gap's id reads 0), and the ids distinct."""
+        nums = np.asarray(nums, np.int64)
+        if len(nums) and (len(np.unique(nums)) != len(nums) or int(nums.min()) < 0
+                          or int(nums.max()) >= 1 << 32):
+            raise ValueError(f"the {self.what} table's numbers are not distinct 32-bit numbers")
+        ids = np.asarray(ids, np.uint64)
+        if len(np.unique(ids)) != len(ids):
             raise ValueError(f"the {self.what} table holds an id twice")
+        by_num = np.zeros(int(nums.max(initial=-1)) + 1, np.uint64)
+        by_num[nums] = ids
         with self._lock:
             self.ids = by_num
-            self._num = dict(zip(by_num.tolist(), range(len(by_num)), strict=True))
+            self._num = dict(zip(ids.tolist(), nums.tolist(), strict=True))
+
+    def forget(self, nums: npt.NDArray[np.integer]) -> None:
+        """Numbers whose rows are deleted: their ids are unknown again (one
+        that comes back gets a new number; ``ids`` keeps the old one, for a
+        reader that still holds a row of it)."""
+        nums = np.asarray(nums, np.int64)
+        with self._lock:
+            for i, num in zip(self.ids[nums].tolist(), nums.tolist(), strict=True):
+                if self._num.get(i) == num:
+                    del self._num[i]
 
     def num(self, id_: int) -> int | None:
         return self._num.get(id_)

@@ -10,9 +10,9 @@ aggregation over columns instead of decoding every stored profile
 
 ``profiles`` keeps one row per stored profile: its id (UNIQUE: a profile
 sent twice is stored once), time, type and shape (sample types, period).
-Writes of one request happen in one transaction, so a request is stored
-whole or not at all. Retention deletes by age and, past a size limit,
-oldest first; the size is the blocks in use plus the write-ahead log.
+A request is stored whole or not at all. Retention deletes by age and, past
+a size limit (blocks in use and the write-ahead log), oldest first, and
+then the threads no row names (garbage.py).
 
 A write the disk cannot take is refused before it starts (StorageFull, from
 the free space), and any other write failure rolls back whole (StorageError)
@@ -40,7 +40,7 @@ from ..encode.folded import clean
 from ..errors import StorageError
 from ..httpserve import holding
 from ..model import ProfileType
-from . import merge
+from . import garbage, merge
 from .blocksums import BlockSums
 from .cluster import Clusterer
 from .intern import Interner, Rows, labels_json, series_id, thread_name_id, type_id
@@ -91,6 +91,7 @@ class Store:
         self.interner = Interner()
         self._series_labels: dict[int, dict[str, str]] = {}   # by series number
         self.series_nums, self.thread_nums = Numbers("series"), Numbers("threads")
+        self.threads_seen = garbage.ThreadsSeen()   # each thread's newest row, to forget it
         self._shapes: dict[int, list[tuple[str, ProfileType]]] = {}   # type id -> shapes
         self._types: dict[str, int] = {}
         self.thread_names: dict[int, str] = {}   # thread name id -> name (cleaned)
@@ -134,6 +135,7 @@ class Store:
         self.interner = it
         self.leaves.load(db)
         self.seals.load(db)
+        self.threads_seen.load(db)
         # on from the newest write stored (rows, seals): a generation stays unique
         self.generation = max(self.generation, int(one(db.execute(
             "SELECT greatest((SELECT COALESCE(max(written), 0) FROM samples), "
@@ -239,6 +241,7 @@ class Store:
         self.leaves.commit(pending)
         self.series_nums.commit(new_series)
         self.thread_nums.commit(new_threads)
+        self.threads_seen.saw(cols["thread"], cols["time_ns"])
         for key in rows.new_threads.values():
             self.thread_names.setdefault(thread_name_id(key[2]), clean(key[2]))
         for sid, labels in rows.new_series.items():
@@ -292,8 +295,7 @@ class Store:
         return max(newest, self._deleted)
 
     def deleted_since(self, generation: int) -> bool:
-        """Whether rows were deleted after ``generation`` (or this store
-        was opened after it): what a tree of that generation holds may be gone."""
+        """Whether rows were deleted after ``generation`` (or the store opened)."""
         return self._deleted > generation
 
     def series_labels(self, num: int) -> dict[str, str]:
@@ -314,12 +316,11 @@ class Store:
 
     @contextlib.contextmanager
     def reading(self) -> Iterator[duckdb.DuckDBPyConnection]:
-        """A cursor of its own for a large read (a merge, the index's
-        stacks, a range read back), while no other large read runs: one at
-        a time holds DuckDB within ``memory_limit`` (a fleet hour's merge
-        into 800,000 leaves holds tens of MB while it runs, and two at once
-        failed at 64 MB), and on two cores two merges at once are no
-        faster. A request whose client left stops waiting."""
+        """A cursor of its own for a large read (a merge, the index's stacks, a
+        range read back), while no other large read runs: one at a time holds
+        DuckDB within ``memory_limit`` (a fleet hour's merge into 800,000 leaves
+        holds tens of MB; two at once failed at 64 MB), and on two cores two
+        merges at once are no faster. A request whose client left stops waiting."""
         with contextlib.closing(self.cursor()) as cur, holding(self._reading):
             yield cur
 
@@ -458,6 +459,7 @@ class Store:
     def _delete_before(self, cutoff: int) -> int:
         n = delete_before(self._db, cutoff)
         if n:
+            self.threads_seen.forget(self._db, cutoff, self.interner, self.thread_nums)
             self.seals.forget_before(cutoff)
             self.block_sums.forget_before(cutoff)
             self._db.execute("CHECKPOINT")
