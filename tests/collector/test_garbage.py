@@ -1,11 +1,13 @@
-"""Retention forgets the threads no stored row names (collector/garbage.py):
-gone from the table and from memory, while every thread a row still names
-stays, a reopened store reads the table's numbers with their gaps, and a
-thread that comes back (read by the collector or by a worker that saw it
-before) is stored again and reads back as sent."""
+"""Retention forgets the threads and series no stored row names
+(collector/garbage.py): gone from their tables and from memory, while
+every one a row still names stays, a reopened store reads the tables'
+numbers with their gaps, and a thread or series that comes back (read by
+the collector or by a worker that saw it before) is stored again and reads
+back as sent."""
 
 from __future__ import annotations
 
+import json
 import random
 import time
 from dataclasses import replace
@@ -16,6 +18,7 @@ import pytest
 from ember.agent.labels import ProcessLabels, series_labels
 from ember.collector import workers
 from ember.collector.api import Api
+from ember.collector.matchers import selector
 from ember.collector.store import Store
 from ember.collector.validate import DEFAULT_LIMITS, INT64_MAX, check_request
 from ember.encode.pprof import decode_pprof, from_proto
@@ -45,11 +48,25 @@ def write(store: Store, rng: random.Random, pid: int, at_ns: int) -> Profile:
 
 
 def table_pids(store: Store) -> set[int]:
-    return {r[0] for r in store._db.execute("SELECT DISTINCT pid FROM threads").fetchall()}
+    """The pids of the threads table, and of the series table (the series'
+    pid label): the same set, as every profile here is one process's."""
+    threads = {r[0] for r in store._db.execute("SELECT DISTINCT pid FROM threads").fetchall()}
+    series = {int(dict(json.loads(r[0]))["pid"])
+              for r in store._db.execute("SELECT labels FROM series").fetchall()}
+    assert threads == series, (threads, series)
+    return threads
 
 
 def memory_pids(store: Store) -> set[int]:
-    return {key[0] for key in store.interner.threads.values()}
+    """The same from memory: the interner's threads, and the series' labels."""
+    threads = {key[0] for key in store.interner.threads.values()}
+    series = {int(v) for v in store.label_values("pid")}
+    assert threads == series and len(store.interner.series) == store.series_count(), (
+        threads, series, len(store.interner.series))
+    matched = {int(store.series_labels(n)["pid"])
+               for n in store.series_matching(selector(["pid=~.+"]))}
+    assert matched == series
+    return threads
 
 
 def key(s: Sample) -> tuple[object, ...]:
@@ -101,8 +118,10 @@ def test_retention_forgets_the_threads_no_row_names(tmp_path: Path) -> None:
         assert read_back(store) == sent(*kept[1:], back)
         numbers = store._db.execute("SELECT num FROM threads").fetchall()
         assert len(numbers) == len(set(numbers)) == 9
-        # a thread the table holds with no row (none is written so): forgotten too
+        # a thread and a series the tables hold with no row (none is written
+        # so): forgotten too
         store._db.execute("INSERT INTO threads VALUES (42, 999, 1, 'orphan', '[]', 1000)")
+        store._db.execute("""INSERT INTO series VALUES (43, 'x', '[["pid","999"]]', 1000)""")
     finally:
         store.close()
     store = Store(path)   # (the newest rows read from the table, not kept by writes)

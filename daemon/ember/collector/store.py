@@ -12,7 +12,7 @@ aggregation over columns instead of decoding every stored profile
 sent twice is stored once), time, type and shape (sample types, period).
 A request is stored whole or not at all. Retention deletes by age and, past
 a size limit (blocks in use and the write-ahead log), oldest first, and
-then the threads no row names (garbage.py).
+then the threads and series no row names (garbage.py).
 
 A write the disk cannot take is refused before it starts (StorageFull, from
 the free space), and any other write failure rolls back whole (StorageError)
@@ -91,7 +91,7 @@ class Store:
         self.interner = Interner()
         self._series_labels: dict[int, dict[str, str]] = {}   # by series number
         self.series_nums, self.thread_nums = Numbers("series"), Numbers("threads")
-        self.threads_seen = garbage.ThreadsSeen()   # each thread's newest row, to forget it
+        self.seen = garbage.Seen()   # each thread's and series' newest row, to forget them
         self._shapes: dict[int, list[tuple[str, ProfileType]]] = {}   # type id -> shapes
         self._types: dict[str, int] = {}
         self.thread_names: dict[int, str] = {}   # thread name id -> name (cleaned)
@@ -135,7 +135,7 @@ class Store:
         self.interner = it
         self.leaves.load(db)
         self.seals.load(db)
-        self.threads_seen.load(db)
+        self.seen.load(db)
         # on from the newest write stored (rows, seals): a generation stays unique
         self.generation = max(self.generation, int(one(db.execute(
             "SELECT greatest((SELECT COALESCE(max(written), 0) FROM samples), "
@@ -241,7 +241,7 @@ class Store:
         self.leaves.commit(pending)
         self.series_nums.commit(new_series)
         self.thread_nums.commit(new_threads)
-        self.threads_seen.saw(cols["thread"], cols["time_ns"])
+        self.seen.saw(cols, numbered.profile_series, [sp.time_ns for sp, _ in meta])
         for key in rows.new_threads.values():
             self.thread_names.setdefault(thread_name_id(key[2]), clean(key[2]))
         for sid, labels in rows.new_series.items():
@@ -426,9 +426,8 @@ class Store:
         return False
 
     def cluster(self) -> int | None:
-        """One move of cluster.Clusterer.step, on a cursor of its own,
-        beside the writes (not under the store's lock); StorageError when
-        it failed (a conflict with retention, a full disk): tried again later."""
+        """One move of cluster.Clusterer.step on a cursor of its own, beside the writes (not
+        under the store's lock); StorageError if it failed (a conflict, a full disk: retried)."""
         with self._clustering:
             if self._closed:
                 return None
@@ -459,7 +458,8 @@ class Store:
     def _delete_before(self, cutoff: int) -> int:
         n = delete_before(self._db, cutoff)
         if n:
-            self.threads_seen.forget(self._db, cutoff, self.interner, self.thread_nums)
+            self.seen.forget(self._db, cutoff, self.interner, (self.thread_nums, self.series_nums),
+                             self._series_labels, self._written)
             self.seals.forget_before(cutoff)
             self.block_sums.forget_before(cutoff)
             self._db.execute("CHECKPOINT")
