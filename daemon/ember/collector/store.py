@@ -279,7 +279,7 @@ class Store:
         """The numbers of the series whose labels the matchers select
         (collector/matchers.py)."""
         sel = selector(matchers)
-        return [sid for sid, labels in self._series_labels.items() if sel.holds(labels)]
+        return [sid for sid, labels in list(self._series_labels.items()) if sel.holds(labels)]
 
     def generation_of(self, series: Sequence[int]) -> int:
         """The newest generation that changed what these series (numbers)
@@ -372,10 +372,10 @@ class Store:
         return merge.stored_leaves(self)
 
     def label_names(self) -> list[str]:
-        return sorted({k for labels in self._series_labels.values() for k in labels})
+        return sorted({k for labels in list(self._series_labels.values()) for k in labels})
 
     def label_values(self, name: str) -> list[str]:
-        return sorted({v for labels in self._series_labels.values()
+        return sorted({v for labels in list(self._series_labels.values())
                        if (v := labels.get(name)) is not None})
 
     def types(self) -> list[str]:
@@ -458,14 +458,14 @@ class Store:
     def _delete_before(self, cutoff: int) -> int:
         n = delete_before(self._db, cutoff)
         if n:
-            self.seen.forget(self._db, cutoff, self.interner, (self.thread_nums, self.series_nums),
-                             self._series_labels, self._written)
             self.seals.forget_before(cutoff)
             self.block_sums.forget_before(cutoff)
             self._db.execute("CHECKPOINT")
             self.generation += 1
             self._deleted = self.generation
             self._sized = (-SIZE_FRESH_S, 0)   # measured again at the next ask
+            self.seen.forget(self._db, cutoff, self.interner, (self.thread_nums, self.series_nums),
+                             self._series_labels, self._written)
         return n
 
     def _make_room(self, max_bytes: int, incoming: int) -> int:
