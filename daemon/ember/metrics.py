@@ -133,8 +133,7 @@ class AgentMetrics:
         self.otlp_bytes_sent = Counter("ember_otlp_sent_bytes_total",
                                        "Bytes of OTLP export requests accepted", registry=r)
         self.otlp_failures = Counter("ember_otlp_send_failures_total",
-                                     "Failed OTLP exports, by gRPC status", ["reason"],
-                                     registry=r)
+                                     "Failed OTLP exports, by gRPC status", ["reason"], registry=r)
         self.otlp_dropped = Counter("ember_otlp_dropped_profiles_total",
                                     "Profiles dropped on the OTLP path: spool full, or "
                                     "rejected by the endpoint", registry=r)
@@ -143,8 +142,7 @@ class AgentMetrics:
         self.pyroscope_sent = Counter("ember_pyroscope_profiles_sent_total",
                                       "Profiles accepted by Pyroscope", registry=r)
         self.pyroscope_bytes_sent = Counter("ember_pyroscope_sent_bytes_total",
-                                            "Bytes of Pyroscope push requests accepted",
-                                            registry=r)
+                                            "Bytes of Pyroscope push requests accepted", registry=r)
         self.pyroscope_failures = Counter("ember_pyroscope_send_failures_total",
                                           "Failed Pyroscope pushes, by gRPC status",
                                           ["reason"], registry=r)
@@ -196,8 +194,7 @@ class AgentMetrics:
             "in memory instead", ["wire"], registry=r)
         self.spool_held_bytes = Gauge(
             "ember_spool_held_bytes",
-            "Requests held in memory because the spool's disk refused them", ["wire"],
-            registry=r)
+            "Requests held in memory because the spool's disk refused them", ["wire"], registry=r)
         self.spool_oldest_age = Gauge(
             "ember_spool_oldest_age_seconds",
             "How long the oldest waiting request has waited (0: none waits)", ["wire"],
@@ -449,6 +446,9 @@ class CollectorMetrics:
                               "(merges of every series read them)", registry=r)
         self.clustered = Counter("ember_collector_rows_clustered_total", "Sealed blocks' rows "
                                  "grouped by series (a merge of a few reads fewer)", registry=r)
+        self.interned = Gauge("ember_collector_interned", "What the store's tables hold, each "
+                              "also held in memory: threads, series, stacks, frames, leaves "
+                              "(distinct thread name and stack pairs)", ["table"], registry=r)
 
 
 def reference() -> str:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import gzip
 import json
 import random
+import re
 import subprocess
 import sys
 import urllib.error
@@ -194,6 +195,14 @@ def test_token_auth(tmp_path: Path) -> None:
         c.close()
 
 
+def interned(c: Collector) -> dict[str, float]:
+    """ember_collector_interned by table, as /metrics shows it."""
+    code, body = http(c, "/metrics")
+    assert code == 200
+    return {table: float(v) for table, v in re.findall(
+        r'^ember_collector_interned\{table="(\w+)"\} (\S+)$', body.decode(), re.M)}
+
+
 def test_retention_by_age_and_size(tmp_path: Path) -> None:
     c = start(tmp_path, retention=60.0)
     try:
@@ -203,10 +212,16 @@ def test_retention_by_age_and_size(tmp_path: Path) -> None:
         old.samples[0].raw_profile = gzip.compress(p.SerializeToString())
         stub(c).WriteRaw(ps.WriteRawRequest(series=[old, series(12)]), timeout=10)
         assert c.store.count() == 2
+        before = interned(c)
+        assert before["series"] == 2 and before["threads"] == 2   # (both pid 10's tids 11, 12)
         c.retention_once()
         assert c.store.count() == 1
+        # the old series is forgotten; its threads are the new profile's too
+        assert interned(c) == {**before, "series": 1}
         assert c.store.enforce_retention(3600, max_bytes=1) == (0, 1)
         assert c.store.count() == 0
+        # stacks, frames and leaves stay (collector/garbage.py)
+        assert interned(c) == {**before, "series": 0, "threads": 0}
     finally:
         c.close()
 

@@ -342,7 +342,13 @@ class Collector:
         return self.api.handle(path, query)
 
     def _report_caches(self) -> None:
-        """The query API caches' bytes and evictions, into the metrics."""
+        """The query API caches' bytes and evictions, and the interned
+        tables' rows, into the metrics."""
+        st = self.store
+        for table, n in (("threads", len(st.interner.threads)), ("series", st.series_count()),
+                         ("stacks", len(st.interner.stacks)), ("frames", len(st.interner.frames)),
+                         ("leaves", len(st.leaves))):
+            self.metrics.interned.labels(table).set(n)
         for name, (size, evicted) in cache.sizes().items():
             if name.startswith("collector_"):
                 self.metrics.cache_bytes.labels(name).set(size)
