@@ -110,7 +110,7 @@ class Seen:
                written: dict[int, int]) -> tuple[int, int]:
         """After the rows older than ``cutoff_ns`` were deleted: delete the
         threads and series left with no row, from their tables (in a
-        transaction of its own, under the store's lock) and from memory
+        transaction of its own, under the store's lock: ``Store._writing``) and from memory
         (``numbers``: the thread and the series numbers; a series' labels
         and last write, by number); how many of each."""
         thread_nums, series_nums = numbers
@@ -118,15 +118,12 @@ class Seen:
         series = self.series.gone(len(series_nums), cutoff_ns)
         if not len(threads) and not len(series):
             return 0, 0
+        # (as tables.delete_before: a failure is rolled back by the store's _writing)
         db.execute("BEGIN TRANSACTION")
-        try:
-            for table, nums in (("threads", threads), ("series", series)):
-                db.execute(f"DELETE FROM {table} WHERE num IN (SELECT unnest(?::UINTEGER[]))",
-                           [nums.tolist()])
-            db.execute("COMMIT")
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
+        for table, nums in (("threads", threads), ("series", series)):
+            db.execute(f"DELETE FROM {table} WHERE num IN (SELECT unnest(?::UINTEGER[]))",
+                       [nums.tolist()])
+        db.execute("COMMIT")
         for tid in thread_nums.ids[threads].tolist():
             interner.threads.pop(tid, None)
         for num in series.tolist():
