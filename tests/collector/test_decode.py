@@ -98,6 +98,21 @@ def test_tables_read_in_bulk_are_the_messages(seed: int) -> None:
     assert in_bulk(t) == one_by_one(p)
 
 
+def test_a_profile_of_addresses_only_is_read_in_bulk() -> None:
+    """Locations without lines (nothing symbolized, as a pprof of raw
+    addresses has): read in bulk, the same as message by message (the bulk
+    reader failed with an IndexError on a profile with no line at all)."""
+    p = pb.Profile(string_table=["", "samples", "count"])
+    p.sample_type.add(type=1, unit=2)
+    for i in range(3):
+        p.location.add(id=i + 1, address=0x1000 + i, mapping_id=0)
+    p.sample.add(location_id=[1, 2], value=[3])
+    p.sample.add(location_id=[3, 2, 1], value=[4])
+    t = decode.read(p)
+    assert t is not None
+    assert in_bulk(t) == one_by_one(p)
+
+
 def with_samples(raw_samples: list[bytes]) -> tuple[pb.Profile, bytes]:
     """``varied``'s profile with these sample messages, as bytes, as parsed."""
     p = varied(random.Random(4))

@@ -158,7 +158,8 @@ def locations(messages: Sequence[bytes]) -> Locations | None:
     content = np.append(d.start, d.start[-1] + d.width[-1] if len(d.start) else 0)[line_at + 1]
     content_end = content + d.values[line_at].astype(np.int64)
     k = np.cumsum(is_line) - 1  # each pair's latest line (its own, if it is in one)
-    inside = (k >= 0) & ~is_line & (d.start < content_end[np.maximum(k, 0)])
+    # (no lines at all, as in a profile of addresses only: no pair is in one)
+    inside = (k >= 0) & ~is_line & (d.start < np.append(content_end, 0)[np.maximum(k, 0)])
     if not known(d.tags[inside], _LINE_TAGS) or not known(d.tags[~inside], _LOC_TAGS):
         return None
     filled = np.bincount(k[inside], weights=d.width[inside], minlength=len(line_at))
