@@ -81,8 +81,12 @@ def main() -> int:
 
     row("decompress", per_profile(lambda i: decompress(gz[i], 1 << 30), n, args.rounds))
     row("parse", per_profile(lambda i: parse(raws[i], DEFAULT_LIMITS), n, args.rounds))
-    row("decode.read (the tables in bulk)",
+    in_c = getattr(decode, "_pprof", None) is not None   # (not before the C reader)
+    row(f"decode.read (the tables in bulk, {'C' if in_c else 'numpy'})",
         per_profile(lambda i: decode.read(ps[i], raws[i]), n, args.rounds))
+    if in_c:
+        row("decode.in_numpy (the fallback)",
+            per_profile(lambda i: decode.in_numpy(ps[i], raws[i]), n, args.rounds))
     reqs = [request(b, dict(SERIES), time.time_ns()) for b in bases]
     row("check_request (all of the above, checked)",
         per_profile(lambda i: check_request(reqs[i], DEFAULT_LIMITS, time.time_ns()), n,

@@ -1,6 +1,6 @@
 """A plain (non-editable) install ships its non-Python files (the BPF
 sources, the flame graph viewer's script, the web UI's vendored chart
-library) and finds them."""
+library) and finds them, and builds the collector's C pprof reader."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
         shutil.copy(ROOT / name, src / name)
     for name in ("daemon", "bpf"):
         shutil.copytree(ROOT / name, src / name,
-                        ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+                        ignore=shutil.ignore_patterns("__pycache__", "*.egg-info", "*.so"))
     target = base / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
                     "--no-build-isolation",
@@ -76,3 +76,15 @@ def test_wheel_install_ships_the_vendored_chart_library(installed: Path, tmp_pat
             "assert body.startswith(b'/*! https://github.com/leeoniya/uPlot'), body[:80]")
     out = run_installed(installed, code, tmp_path)
     assert out.strip() == str(installed / "ember" / "collector" / "web" / "__init__.py")
+
+
+def test_wheel_install_builds_the_c_pprof_reader(installed: Path, tmp_path: Path) -> None:
+    """The extension is optional to the build (a host without a compiler
+    still installs); the set-up installs gcc and Python's headers, so here
+    it must be built, and the installed decode.py must use it."""
+    code = ("import ember.collector.decode as d; print(d._pprof.__file__); "
+            "from ember.proto import profile_pb2 as pb; "
+            "p = pb.Profile(string_table=['']); p.location.add(id=1, address=5); "
+            "t = d.read(p); assert t.locations.address.tolist() == [5], t")
+    out = run_installed(installed, code, tmp_path)
+    assert out.strip().startswith(str(installed / "ember" / "collector" / "_pprof"))

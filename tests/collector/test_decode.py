@@ -22,6 +22,36 @@ from ember.proto import profile_pb2 as pb
 SERIES = [("__name__", "process_cpu")]
 
 
+@pytest.fixture(autouse=True, params=["c", "numpy"])
+def reader(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test twice: ``decode.read`` by the C reader (the installed
+    one), then by its numpy twin (the fallback where it was not built)."""
+    if request.param == "numpy":
+        monkeypatch.setattr(decode, "_pprof", None)
+    return str(request.param)
+
+
+def test_the_c_reader_was_built() -> None:
+    """The set-up installs a compiler and Python's headers, and the build
+    makes the reader from them (optional there: a failure is silent)."""
+    import ember.collector._pprof  # noqa: F401  (not the fixture's patched name)
+
+
+def test_a_profile_of_addresses_only_is_read_in_bulk() -> None:
+    """Locations without lines (nothing symbolized, as a pprof of raw
+    addresses has): read in bulk, the same as message by message (the numpy
+    reader failed on a profile with no line at all)."""
+    p = pb.Profile(string_table=["", "samples", "count"])
+    p.sample_type.add(type=1, unit=2)
+    for i in range(3):
+        p.location.add(id=i + 1, address=0x1000 + i, mapping_id=0)
+    p.sample.add(location_id=[1, 2], value=[3])
+    p.sample.add(location_id=[3, 2, 1], value=[4])
+    t = decode.read(p)
+    assert t is not None
+    assert in_bulk(t) == one_by_one(p)
+
+
 def varied(rng: random.Random, names: tuple[str, ...] = ("main", "worker")) -> pb.Profile:
     """A profile using what pprof allows: inlined lines, columns, folded
     locations, addresses past 2^63, no mapping, negative and large line
@@ -91,26 +121,16 @@ def in_bulk(t: decode.Tables) -> dict[str, list[object]]:
 
 
 @pytest.mark.parametrize("seed", range(6))
-def test_tables_read_in_bulk_are_the_messages(seed: int) -> None:
+def test_tables_read_in_bulk_are_the_messages(seed: int, reader: str) -> None:
     p = varied(random.Random(seed))
+    p.string_table.append("naïve ✓")   # (hashed as its UTF-8 bytes)
     t = decode.read(p)
     assert t is not None
     assert in_bulk(t) == one_by_one(p)
-
-
-def test_a_profile_of_addresses_only_is_read_in_bulk() -> None:
-    """Locations without lines (nothing symbolized, as a pprof of raw
-    addresses has): read in bulk, the same as message by message (the bulk
-    reader failed with an IndexError on a profile with no line at all)."""
-    p = pb.Profile(string_table=["", "samples", "count"])
-    p.sample_type.add(type=1, unit=2)
-    for i in range(3):
-        p.location.add(id=i + 1, address=0x1000 + i, mapping_id=0)
-    p.sample.add(location_id=[1, 2], value=[3])
-    p.sample.add(location_id=[3, 2, 1], value=[4])
-    t = decode.read(p)
-    assert t is not None
-    assert in_bulk(t) == one_by_one(p)
+    if reader == "c":  # each string's hash: Python's of its bytes (keyed per process)
+        assert t.string_hash is not None
+        assert t.string_hash.view(np.int64).tolist() == [hash(s.encode())
+                                                          for s in p.string_table]
 
 
 def with_samples(raw_samples: list[bytes]) -> tuple[pb.Profile, bytes]:
@@ -394,3 +414,36 @@ def test_label_bytes_are_told_apart_by_every_byte_and_their_length(longest: int)
     tails, which = decode._distinct(buf, end - [len(x) for x in parts], end)
     assert [tails[i] for i in which.tolist()] == parts
     assert len(set(tails)) == len(tails)
+
+
+def test_every_damaged_profile_is_read_as_the_runtime_reads_it_or_left_to_it(
+        reader: str) -> None:
+    """Whole profiles with bytes changed, cut short or run together: the
+    readers never fail (the C one reads whatever bytes it is given), and
+    what they read of a profile the runtime parses is what the runtime
+    read; both readers read the same profiles."""
+    rng = random.Random(11)
+    whole = [varied(random.Random(s)).SerializeToString() for s in range(3)]
+    read = parsed = 0
+    for k in range(600):
+        raw = bytearray(rng.choice(whole))
+        if k % 10 == 0:
+            del raw[rng.randrange(len(raw)):]
+        for _ in range(rng.randint(1, 3)):
+            raw[rng.randrange(len(raw))] = rng.choice(
+                [0x00, 0x08, 0x0A, 0x12, 0x1A, 0x22, 0x7F, 0x80, 0xFF, rng.randrange(256)])
+        data = bytes(raw)
+        if decode._pprof is not None:
+            decode._pprof.tables(data)   # (any bytes: no failure, no crash)
+        try:
+            p = pb.Profile.FromString(data)
+        except Exception:
+            continue
+        parsed += 1
+        t = decode.read(p, data)
+        if t is not None:
+            read += 1
+            assert in_bulk(t) == one_by_one(p)
+        if reader == "c":
+            assert (decode.in_numpy(p, data) is None) == (t is None)
+    assert parsed > 100 and read > 50

@@ -30,12 +30,19 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from types import ModuleType
 
 import numpy as np
 import numpy.typing as npt
 
 from ..proto import pprof_tables_pb2 as pt
 from ..proto import profile_pb2 as pb
+
+_pprof: ModuleType | None
+try:   # the same reading in C (_pprof.c), built by the install where it can be
+    from . import _pprof
+except ImportError:  # pragma: no cover (no compiler where it was installed)
+    _pprof = None
 
 U64 = npt.NDArray[np.uint64]
 I64 = npt.NDArray[np.int64]
@@ -248,7 +255,18 @@ def samples(messages: Sequence[bytes]) -> Samples | None:
         return None
     val_first, val_stop = got
     depth, width = loc_stop - loc_first, val_stop - val_first
-    tails, which = _distinct(buf, at_byte[val_stop], end)
+    labels = label_sets(buf, at_byte[val_stop], end)
+    if labels is None:
+        return None
+    return Samples(values[_ranges(loc_first, depth)], depth,
+                   values[_ranges(val_first, width)].view(np.int64), width, *labels)
+
+
+def label_sets(buf: bytes, begin: I64, end: I64) -> tuple[I64, list[pb.Sample]] | None:
+    """Each sample's labels, ``buf[begin[i]:end[i]]`` (the rest of sample
+    ``i`` after its two packed fields): which distinct set each is, and the
+    sets; None unless every rest is labels only."""
+    tails, which = _distinct(buf, begin, end)
     sets = []
     for tail in tails:
         if tail and tail[0] != SAMPLE_LABEL:
@@ -260,8 +278,7 @@ def samples(messages: Sequence[bytes]) -> Samples | None:
         if s.location_id or s.value:
             return None
         sets.append(s)
-    return Samples(values[_ranges(loc_first, depth)], depth,
-                   values[_ranges(val_first, width)].view(np.int64), width, which, sets)
+    return which, sets
 
 
 #: Longest label bytes of a sample compared as one row of a matrix (a
@@ -306,13 +323,21 @@ class Tables:
     locations: Locations
     functions: Functions
     samples: Samples
+    #: per string of the string table, ``hash`` of its bytes (the C reader's)
+    string_hash: U64 | None = None
 
 
 def read(p: pb.Profile, raw: bytes | None = None) -> Tables | None:
     """``p``'s tables, or None when they are not laid out as expected (then
     read it message by message). ``raw``: the bytes ``p`` was parsed from
     (it is serialized again if not given)."""
-    t = pt.ProfileTables.FromString(p.SerializeToString() if raw is None else raw)
+    data = p.SerializeToString() if raw is None else raw
+    return (in_c if _pprof is not None else in_numpy)(p, data)
+
+
+def in_numpy(p: pb.Profile, raw: bytes) -> Tables | None:
+    """``read`` by the numpy reader above (where the C one was not built)."""
+    t = pt.ProfileTables.FromString(raw)
     # (lists: each read of the message's list makes its bytes anew)
     loc = locations(list(t.location))
     fn = functions(list(t.function)) if loc is not None else None
@@ -320,3 +345,20 @@ def read(p: pb.Profile, raw: bytes | None = None) -> Tables | None:
     if loc is None or fn is None or smp is None:
         return None
     return Tables(p, loc, fn, smp)
+
+
+def in_c(p: pb.Profile, raw: bytes) -> Tables | None:
+    """``read`` by the C reader (_pprof.c): one pass over ``raw``, the GIL
+    released, 8-byte words out."""
+    assert _pprof is not None
+    got = _pprof.tables(raw)
+    if got is None:
+        return None
+    u = [np.frombuffer(b, np.uint64) for b in got]
+    i = [x.view(np.int64) for x in u]
+    labels = label_sets(raw, i[15], i[16])
+    if labels is None:
+        return None
+    return Tables(p, Locations(u[0], u[1], u[2], i[3], i[4], u[5], i[6]),
+                  Functions(u[7], u[8], u[9], u[10]),
+                  Samples(u[11], i[12], i[13], i[14], *labels), u[17])

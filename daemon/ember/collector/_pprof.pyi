@@ -1,0 +1,3 @@
+"""The C pprof reader (_pprof.c)."""
+
+def tables(raw: bytes, /) -> tuple[bytearray, ...] | None: ...
