@@ -33,7 +33,7 @@ from ..encode.pprof import FunctionKey, LineKey, MappingKey, location_frames, sa
 from ..model import Frame, Mapping
 from ..proto import profile_pb2 as pb
 from . import decode
-from .locations import LocationMemo, RowKey
+from .locations import LocationMemo, RowKey, mix
 from .memo import IdSet, row_bytes
 from .stackids import StackIds, stack_digest
 
@@ -237,7 +237,9 @@ class Interner:
         (mapping, address, functions and lines, as small ids) in one pass,
         and each stack's id found by its key (stackids.py) from one array of
         frame ids."""
-        st = list(p.string_table)
+        # (the C reader hashed the strings: only labels and mappings are read)
+        st: Sequence[str] = p.string_table if t.string_hash is not None \
+            else list(p.string_table)
         smp = t.samples
         frames, counts = self._location_frames(p, st, t, rows)
         # root first: reversed, the samples run last to first, each root first
@@ -293,7 +295,7 @@ class Interner:
                               else np.zeros(m, np.int64))
         rows.chunks.append(chunk)
 
-    def _location_frames(self, p: pb.Profile, st: list[str], t: decode.Tables,
+    def _location_frames(self, p: pb.Profile, st: Sequence[str], t: decode.Tables,
                          rows: Rows) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.int64]]:
         """Every location's frame ids (root first), one after another, and
         how many each has: found by content (locations.py), a width at a
@@ -302,13 +304,21 @@ class Interner:
         mkeys = [None, *((m.memory_start, m.memory_limit, m.file_offset, st[m.filename],
                           st[m.build_id], m.has_functions) for m in p.mapping)]
         mids = np.array([0, *_small(self._mappings, mkeys[1:])], np.uint64)
-        get = st.__getitem__
-        # by function id (ids are positions, checked): its strings, their hash
-        fkeys: list[FunctionKey] = [("", "", ""), *zip(
-            map(get, fn.name.tolist()), map(get, fn.system_name.tolist()),
-            map(get, fn.filename.tolist()), strict=True)]
+
+        @functools.cache
+        def fkeys() -> list[FunctionKey]:
+            """By function id (ids are positions, checked): its strings."""
+            get = list(st).__getitem__
+            return [("", "", ""), *zip(map(get, fn.name.tolist()),
+                                       map(get, fn.system_name.tolist()),
+                                       map(get, fn.filename.tolist()), strict=True)]
+
         fhash = np.zeros(len(fn.id) + 1, np.uint64)
-        fhash[1:] = np.fromiter(map(hash, fkeys[1:]), np.int64, len(fn.id)).view(np.uint64)
+        if t.string_hash is not None:   # keyed hashes of the strings' bytes, mixed
+            h = t.string_hash
+            fhash[1:] = mix(np.stack([h[fn.name], h[fn.system_name], h[fn.filename]], axis=1))
+        else:
+            fhash[1:] = np.fromiter(map(hash, fkeys()[1:]), np.int64, len(fn.id)).view(np.uint64)
         n_loc = len(loc.id)
         counts = np.maximum(loc.lines, 1)
         first = np.cumsum(counts) - counts
@@ -331,7 +341,7 @@ class Interner:
             got, found = self.locations.find(width, rec)
             missing = np.flatnonzero(~found)
             if len(missing):
-                made = self._new_locations(width, which[missing], loc, line_start, fkeys,
+                made = self._new_locations(width, which[missing], loc, line_start, fkeys(),
                                            mkeys, rec[missing], rows)
                 got[missing] = np.array(made, np.uint64).reshape(len(missing), -1)
             span = max(width, 1)

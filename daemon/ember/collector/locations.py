@@ -10,9 +10,12 @@ are looked up together:
 
 - A function is the hash of its (name, system name, file) strings:
   Python's string hash, keyed at random in each process, so no one can
-  choose strings that meet. Two functions share frames only if these hashes
-  are equal; that is the same kind of chance as two frames sharing a 64-bit
-  content id (intern.py), and with a key no sender knows.
+  choose strings that meet. (With the C reader, each string's hash is
+  ``hash`` of its bytes, taken as it reads them, and the three are
+  ``mix``ed: no string is made for a function already seen.) Two
+  functions share frames only if these hashes are equal; that is the same
+  kind of chance as two frames sharing a 64-bit content id (intern.py),
+  and with a key no sender knows.
 - A location of ``w`` lines is the row (mapping, address, w, then function
   and line for each line), its mapping a small id of its content.
 - The rows of each width are kept sorted by a 64-bit mix of their values
