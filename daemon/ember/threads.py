@@ -60,7 +60,8 @@ class Census:
         self.program = Program(program_kind("census"))
         self.include_self = include_self
         self.clock = SchedClock()
-        self.unwinder = unwinder or RemoteUnwinder(procfs)
+        self.procfs = procfs or ProcFS()
+        self.unwinder = unwinder or RemoteUnwinder(self.procfs)
         self._next_id = 0
         self.start_ns = 0  # threads blocked before this are marked so
         try:
@@ -105,18 +106,27 @@ class Census:
         programs, timed from start_ns; how many threads."""
         self.start_ns = start_ns
         put: dict[int, ThreadNow] = {}
-        for t in self.take():
-            if not self._wanted(t, state_mask):
-                continue
-            if t.since_ns is not None and t.since_ns >= start_ns:
-                continue  # blocked after the programs attached: theirs
+        # blocked before the programs attached (after: the block is theirs)
+        blocked = [t for t in self.take() if self._wanted(t, state_mask)
+                   and (t.since_ns is None or t.since_ns < start_ns)]
+        runs = {t.tid: self._runs(t) for t in blocked}   # (right after the census)
+        for t in blocked:
             u = self._register(programs, self.user_stack(t) if user else NOT_REQUESTED)
             k = self._register(programs, t.kernel if kernel else NOT_REQUESTED)
             start = abi.Start(ts=start_ns, pid=t.pid, user_stack_id=u, kernel_stack_id=k,
                               stack_epoch=epoch, state=t.state | abi.STATE_BEFORE_START,
                               unwinder=abi.UNWINDER_DWARF, comm=t.comm.encode()[:15])
-            if all([p.put_block(t.tid, start) for p in programs]):
-                put[t.tid] = t
+            if not all([p.put_block(t.tid, start) for p in programs]):
+                continue
+            put[t.tid] = t
+            # it ran since the census (so its stack was walked from registers
+            # older than its memory): its block was over before it went in.
+            # Taken back now, before it can switch in and be charged for it
+            # (the second look below comes after every walk: too late then)
+            if runs[t.tid] is not None and self._runs(t) != runs[t.tid]:
+                for p in programs:
+                    p.take_back_block(t.tid, start_ns)
+                del put[t.tid]
         # a thread that ran between the census and now was not blocked since
         # before the start after all: its block comes out again
         for t in self.take():
@@ -127,6 +137,15 @@ class Census:
                     p.take_back_block(t.tid, start_ns)
                 del put[t.tid]
         return len(put)
+
+    def _runs(self, t: ThreadNow) -> int | None:
+        """How many times the thread has been given a CPU (schedstat's
+        timeslices), None if not known."""
+        try:
+            path = self.procfs.root / str(t.pid) / "task" / str(t.tid) / "schedstat"
+            return int(path.read_text().split()[2])
+        except (OSError, ValueError, IndexError):
+            return None
 
     def _register(self, programs: Sequence[Program], stack: Stack) -> int:
         if stack.problem == STACK_NOT_REQUESTED:

@@ -4,6 +4,7 @@ charged from the start (`ember record`), and shown by `ember dump`."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -173,3 +174,65 @@ def test_python_thread_blocked_since_before_the_start(tmp_path: Path, sample_us:
     assert napping, out.read_text()
     assert all(s.endswith("[blocked since before the start]") for s, _ in napping), napping
     assert sum(v for _, v in napping) >= 0.95 * RECORD_S * 1e6, napping
+
+
+#: ``ember record`` with the census seeing the thread ``EMBER_SPINNER`` (which
+#: runs) as blocked since long before, at both its looks: the race of a
+#: thread the census found asleep that wakes before its block goes in and
+#: runs on past the second look. ``EMBER_NO_SCHEDSTAT`` turns off the
+#: daemon's check of schedstat after each put (the test's own check that it
+#: fails without it).
+RACED = """
+import dataclasses, os, sys
+from ember import abi, threads
+from ember.cli import main
+
+spinner, seen = int(os.environ["EMBER_SPINNER"]), {}
+real = threads.Census.take
+
+def take(self):
+    out = []
+    for t in real(self):
+        if t.tid == spinner:
+            t = seen.setdefault(t.tid, dataclasses.replace(
+                t, on_cpu=False, state=abi.STATE_INTERRUPTIBLE, since_ns=None))
+        out.append(t)
+    return out
+
+threads.Census.take = take
+if os.environ.get("EMBER_NO_SCHEDSTAT"):
+    threads.Census._runs = lambda self, t: None
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize("sample_us", [1000, 0])  # the sampled and the exact program
+def test_a_thread_that_ran_after_the_census_is_not_blocked_since_the_start(
+        tmp_path: Path, sample_us: int) -> None:
+    """Two spinning processes on one CPU, so each is preempted every few
+    milliseconds; the census is made to see one of them blocked. None of its
+    time is charged as blocked since before the start: schedstat says it got
+    a CPU after the census, so its block is taken back as soon as it is put
+    in. Before, its first switch-in after a preemption charged the time from
+    the start under the stack walked from stale registers (CI's red run of
+    400bfb3: 103 ms of a spinning thread, in its nap's kernel stack)."""
+    cpu = min(os.sched_getaffinity(0))
+    spin = [subprocess.Popen(["taskset", "-c", str(cpu), sys.executable, "-c",
+                              "while True: pass"]) for _ in range(2)]
+    try:
+        time.sleep(0.5)
+        out = tmp_path / "off.folded"
+        r = subprocess.run([sys.executable, "-c", RACED, "record", "--mode", "offcpu",
+                            "--pid", str(spin[0].pid), "--duration", "2",
+                            "--sample-us", str(sample_us), "-o", str(out)],
+                           capture_output=True, text=True, timeout=120,
+                           env={**os.environ, "EMBER_SPINNER": str(spin[0].pid)})
+        assert r.returncode == 0, r.stderr
+        # truth: it was preempted all along (schedstat's timeslices)
+        assert int(Path(f"/proc/{spin[0].pid}/schedstat").read_text().split()[2]) > 10
+    finally:
+        for p in spin:
+            p.kill()
+            p.wait()
+    marked = [line for line in out.read_text().splitlines() if "before the start" in line]
+    assert marked == [], marked
