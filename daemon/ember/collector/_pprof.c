@@ -42,16 +42,21 @@ typedef struct { Vec v[FIELDS]; const uint8_t *base; } Out;
 
 enum { OK = 0, REFUSED = 1, NO_MEMORY = -1 };
 
-static int put(Vec *a, uint64_t x)
+static int grow(Vec *a)
 {
-    if (a->n == a->cap) {
-        Py_ssize_t cap = a->cap ? a->cap * 2 : 1024;
-        uint64_t *v = PyMem_RawRealloc(a->v, (size_t)cap * sizeof *v);
-        if (v == NULL)
-            return NO_MEMORY;
-        a->v = v;
-        a->cap = cap;
-    }
+    Py_ssize_t cap = a->cap ? a->cap * 2 : 4096;
+    uint64_t *v = PyMem_RawRealloc(a->v, (size_t)cap * sizeof *v);
+    if (v == NULL)
+        return NO_MEMORY;
+    a->v = v;
+    a->cap = cap;
+    return OK;
+}
+
+static inline int put(Vec *a, uint64_t x)
+{
+    if (__builtin_expect(a->n == a->cap, 0) && grow(a))
+        return NO_MEMORY;
     a->v[a->n++] = x;
     return OK;
 }
@@ -59,8 +64,12 @@ static int put(Vec *a, uint64_t x)
 #define PUT(vec, x) do { if (put((vec), (x))) return NO_MEMORY; } while (0)
 
 /* The varint at *p (at most 10 bytes, all before end), *p moved past it. */
-static int varint(const uint8_t **p, const uint8_t *end, uint64_t *out)
+static inline int varint(const uint8_t **p, const uint8_t *end, uint64_t *out)
 {
+    if (__builtin_expect(*p < end && **p < 0x80, 1)) {   /* (most are one byte) */
+        *out = *(*p)++;
+        return OK;
+    }
     uint64_t v = 0;
     for (int i = 0; i < 10; i++) {
         if (*p >= end)
