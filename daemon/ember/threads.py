@@ -118,25 +118,28 @@ class Census:
                               unwinder=abi.UNWINDER_DWARF, comm=t.comm.encode()[:15])
             if not all([p.put_block(t.tid, start) for p in programs]):
                 continue
-            put[t.tid] = t
             # it ran since the census (so its stack was walked from registers
             # older than its memory): its block was over before it went in.
             # Taken back now, before it can switch in and be charged for it
             # (the second look below comes after every walk: too late then)
             if runs[t.tid] is not None and self._runs(t) != runs[t.tid]:
-                for p in programs:
-                    p.take_back_block(t.tid, start_ns)
-                del put[t.tid]
+                self._take_back(programs, t.tid, start_ns)
+            else:
+                put[t.tid] = t
         # a thread that ran between the census and now was not blocked since
         # before the start after all: its block comes out again
         for t in self.take():
             was = put.get(t.tid)
             if was is not None and (not self._wanted(t, state_mask)
                                     or t.exec_start != was.exec_start):
-                for p in programs:
-                    p.take_back_block(t.tid, start_ns)
+                self._take_back(programs, t.tid, start_ns)
                 del put[t.tid]
         return len(put)
+
+    @staticmethod
+    def _take_back(programs: Sequence[Program], tid: int, start_ns: int) -> None:
+        for p in programs:
+            p.take_back_block(tid, start_ns)
 
     def _runs(self, t: ThreadNow) -> int | None:
         """How many times the thread has been given a CPU (schedstat's
