@@ -78,13 +78,17 @@ def test_wheel_install_ships_the_vendored_chart_library(installed: Path, tmp_pat
     assert out.strip() == str(installed / "ember" / "collector" / "web" / "__init__.py")
 
 
-def test_wheel_install_builds_the_c_pprof_reader(installed: Path, tmp_path: Path) -> None:
-    """The extension is optional to the build (a host without a compiler
+def test_wheel_install_builds_the_c_extensions(installed: Path, tmp_path: Path) -> None:
+    """The extensions are optional to the build (a host without a compiler
     still installs); the set-up installs gcc and Python's headers, so here
-    it must be built, and the installed decode.py must use it."""
+    they must be built, and the installed decode.py and memo.py must use
+    them."""
     code = ("import ember.collector.decode as d; print(d._pprof.__file__); "
             "from ember.proto import profile_pb2 as pb; "
             "p = pb.Profile(string_table=['']); p.location.add(id=1, address=5); "
-            "t = d.read(p); assert t.locations.address.tolist() == [5], t")
-    out = run_installed(installed, code, tmp_path)
-    assert out.strip().startswith(str(installed / "ember" / "collector" / "_pprof"))
+            "t = d.read(p); assert t.locations.address.tolist() == [5], t; "
+            "import ember.collector.memo as m; print(m._memo.__file__); "
+            "assert isinstance(m.rows_memo(3, 1, len), m.HashMemo)")
+    out = run_installed(installed, code, tmp_path).split()
+    assert out[0].startswith(str(installed / "ember" / "collector" / "_pprof")), out
+    assert out[1].startswith(str(installed / "ember" / "collector" / "_memo")), out

@@ -16,3 +16,13 @@ def api() -> Iterator[Api]:
     a = Api(Store(":memory:"))
     yield a
     a.store.close()
+
+
+@pytest.fixture(params=["c", "sorted"])
+def memo_kind(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A test twice: the memos made after it starts in C (_memo.c, the
+    installed one), then as sorted arrays (where it was not built)."""
+    from ember.collector import memo
+    if request.param == "sorted":
+        monkeypatch.setattr(memo, "_memo", None)
+    return str(request.param)

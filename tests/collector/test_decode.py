@@ -12,7 +12,7 @@ from unittest import mock
 import numpy as np
 import pytest
 
-from ember.collector import decode
+from ember.collector import decode, memo
 from ember.collector.intern import Interner, Rows
 from ember.collector.locations import LocationMemo
 from ember.collector.validate import DEFAULT_LIMITS, InvalidRequest, Limits, check_profile
@@ -24,10 +24,12 @@ SERIES = [("__name__", "process_cpu")]
 
 @pytest.fixture(autouse=True, params=["c", "numpy"])
 def reader(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Every test twice: ``decode.read`` by the C reader (the installed
-    one), then by its numpy twin (the fallback where it was not built)."""
+    """Every test twice: ``decode.read`` by the C reader and the interner's
+    memos in C (the installed ones), then by their numpy twins (the
+    fallbacks where they were not built)."""
     if request.param == "numpy":
         monkeypatch.setattr(decode, "_pprof", None)
+        monkeypatch.setattr(memo, "_memo", None)
     return str(request.param)
 
 

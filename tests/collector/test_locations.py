@@ -13,6 +13,9 @@ from ember.collector import locations
 from ember.collector.locations import LocationMemo
 from ember.collector.memo import row_bytes
 
+#: every test with the memos in C, then as sorted arrays
+pytestmark = pytest.mark.usefixtures("memo_kind")
+
 
 def _rows(rng: random.Random, width: int, n: int) -> np.ndarray:
     # few distinct values per column, so rows differ in one value only
@@ -56,7 +59,7 @@ def test_the_memo_starts_again_past_its_ceiling(monkeypatch: pytest.MonkeyPatch)
     memo = LocationMemo()
     for i in range(6):
         rows = np.arange(i * 10, i * 10 + 10, dtype=np.uint64)[:, None] * np.ones(5, np.uint64)
-        memo.update(((1, k), (j,)) for j, k in enumerate(row_bytes(rows)))
+        memo.update([((1, k), (j,)) for j, k in enumerate(row_bytes(rows))])
         assert len(memo) <= 30
         got, found = memo.find(1, rows)
         assert found.all() and got[:, 0].tolist() == list(range(10))  # kept: the latest

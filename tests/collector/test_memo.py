@@ -1,6 +1,8 @@
 """What an interner remembers (collector/memo.py). The sorted memo under
 locations and stack ids: what was learned is found, before and after a
-merge, whatever the keys share; what was not learned is never found. The
+merge, whatever the keys share; what was not learned is never found. Its
+twin in C: the same, as it grows and after it is cleared, and a buffer of
+the wrong size is an error, not a read past its end. The
 set of stored ids: whatever order and size ids come in, it answers as a
 Python set of them would, one at a time and many at once, across the
 merges of its recent ids."""
@@ -12,8 +14,9 @@ import random
 import numpy as np
 import pytest
 
+from ember.collector import memo as memo_module
 from ember.collector.locations import mix
-from ember.collector.memo import IdSet, SortedMemo, row_bytes
+from ember.collector.memo import HashMemo, IdSet, SortedMemo, row_bytes, rows_memo
 
 
 def rows_of(rng: random.Random, n: int, cols: int) -> np.ndarray:
@@ -58,6 +61,64 @@ def test_found_is_what_was_learned(key: str) -> None:
     assert hits > (20 if key == "mixed" else 0), hits
     if key == "mixed":
         assert len(memo) == len(truth)
+
+
+def test_the_c_memo_was_built() -> None:
+    """The set-up installs a compiler and Python's headers (the build is
+    optional: a failure would be silent)."""
+    import ember.collector._memo  # noqa: F401
+
+
+@pytest.mark.parametrize("cols", [1, 3, 9])
+def test_the_c_memo_answers_as_a_dict_of_the_rows_learned(cols: int) -> None:
+    """Rows that differ in one word, learned in batches until the table has
+    grown many times over: every row learned is found with its first
+    values, no other row is found, and after ``forget`` none is."""
+    rng = random.Random(cols)
+    memo, truth = HashMemo(cols, 2), {}
+    for _ in range(25):
+        asked = rows_of(rng, 400, cols) if cols > 1 else \
+            np.array([[rng.getrandbits(64)] for _ in range(400)], np.uint64)
+        values, found = memo.find(asked)
+        for b, v, hit in zip(row_bytes(asked), values.tolist(), found.tolist(), strict=True):
+            assert hit == (b in truth) and (v == list(truth[b]) if hit else v == [0, 0])
+        for b in row_bytes(asked[~found]):
+            value = (rng.getrandbits(64), rng.getrandbits(64))
+            memo.learn(b, value)
+            truth.setdefault(b, value)
+        assert len(memo) == len(truth) and memo.waiting == 0
+    assert len(truth) > 2048 or cols == 3   # (past the first table: it grew)
+    assert memo.nbytes >= len(truth) * (cols + 2) * 8
+    memo.forget()
+    assert len(memo) == 0 and not memo.find(asked)[1].any()
+
+
+def test_the_c_memo_refuses_buffers_of_the_wrong_size() -> None:
+    from ember.collector._memo import Table
+    t = Table(3, 1, bytes(16))
+    with pytest.raises(ValueError, match="rows"):
+        t.add(np.zeros(4, np.uint64), np.zeros(1, np.uint64))
+    with pytest.raises(ValueError, match="values"):
+        t.add(np.zeros(6, np.uint64), np.zeros(1, np.uint64))
+    with pytest.raises(ValueError, match="found"):
+        t.find(np.zeros(6, np.uint64), np.zeros(2, np.uint64), np.zeros(3, bool))
+    with pytest.raises(ValueError, match="out"):
+        t.find(np.zeros(6, np.uint64), np.zeros(3, np.uint64), np.zeros(2, bool))
+    with pytest.raises(ValueError, match="16-byte key"):
+        Table(3, 1, b"short")
+    with pytest.raises(BufferError):   # (a read-only buffer to write into)
+        t.find(np.zeros(3, np.uint64), bytes(8), np.zeros(1, bool))
+    assert t.add(np.arange(6, dtype=np.uint64), np.array([7, 8], np.uint64)) == 2
+    assert t.add(np.arange(6, dtype=np.uint64), np.array([9, 9], np.uint64)) == 0
+    out, found = np.zeros(2, np.uint64), np.zeros(2, bool)
+    assert t.find(np.arange(6, dtype=np.uint64), out, found) == 2
+    assert out.tolist() == [7, 8] and found.all()
+
+
+def test_a_memo_is_in_c_where_it_was_built(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert isinstance(rows_memo(3, 1, mix), HashMemo)
+    monkeypatch.setattr(memo_module, "_memo", None)
+    assert isinstance(rows_memo(3, 1, mix), SortedMemo)
 
 
 def test_forget_keeps_what_waits() -> None:

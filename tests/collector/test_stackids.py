@@ -13,6 +13,9 @@ from ember.collector import stackids
 from ember.collector.intern import stack_id
 from ember.collector.stackids import StackIds
 
+#: every test with the memos in C, then as sorted arrays
+pytestmark = pytest.mark.usefixtures("memo_kind")
+
 
 def batch(stacks: list[tuple[int, ...]]) -> tuple[np.ndarray, np.ndarray]:
     flat = np.array([f for s in stacks for f in s], np.uint64)

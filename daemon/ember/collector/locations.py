@@ -18,26 +18,29 @@ are looked up together:
   and with a key no sender knows.
 - A location of ``w`` lines is the row (mapping, address, w, then function
   and line for each line), its mapping a small id of its content.
-- The rows of each width are kept sorted by a 64-bit mix of their values
-  (with multipliers drawn at random per process). A profile's rows are
-  found with one ``searchsorted`` of their mixes, and a row counts as found
-  only if every one of its values is equal, so a mix that two rows share
-  costs a lookup, never a wrong frame.
+- The rows of each width are a memo (memo.py): a keyed hash table in C
+  where the install built it, else arrays sorted by a 64-bit ``mix`` of
+  the rows (multipliers drawn at random per process), searched with one
+  ``searchsorted``, the rows learned since the last merge waiting in a dict
+  until there are ``MERGE_AT`` of them. Either way a profile's rows are
+  looked up together, and a row counts as found only if every one of its
+  values is equal, so a hash two rows share costs a lookup, never a wrong
+  frame.
 
-Rows learned since the last merge wait in a dict until there are
-``MERGE_AT`` of them. The memo only remembers: past ``MAX_ROWS`` rows it
-forgets all but those, and what it forgets is made again from the profile.
+The memo only remembers: before it would pass ``MAX_ROWS`` rows it forgets
+what it holds (the sorted arrays: all but the rows waiting), and what it
+forgets is made again from the profile.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Collection
 
 import numpy as np
 import numpy.typing as npt
 
-from .memo import SortedMemo
+from .memo import RowsMemo, rows_memo
 
 U64 = npt.NDArray[np.uint64]
 #: A row (mapping, address, lines, then (function hash, line) per line) as
@@ -67,7 +70,7 @@ class LocationMemo:
     MAX_ROWS = 1 << 21   # (about 110 MB of one-line rows)
 
     def __init__(self) -> None:
-        self._widths: dict[int, SortedMemo] = {}
+        self._widths: dict[int, RowsMemo] = {}
 
     def __len__(self) -> int:
         return sum(len(w) for w in self._widths.values())
@@ -81,15 +84,15 @@ class LocationMemo:
                     np.zeros(len(rows), bool))
         return w.find(rows)
 
-    def update(self, learned: Iterable[tuple[RowKey, tuple[int, ...]]]) -> None:
+    def update(self, learned: Collection[tuple[RowKey, tuple[int, ...]]]) -> None:
+        memos = self._widths
+        if len(self) + len(learned) > self.MAX_ROWS:   # (before what is learned now)
+            for m in memos.values():
+                m.forget()
         for (width, key), frames in learned:
-            w = self._widths.get(width)
-            if w is None:
-                w = self._widths[width] = SortedMemo(3 + 2 * width, max(width, 1), mix)
-            w.learn(key, frames)
-        if sum(len(w.recent) for w in self._widths.values()) >= self.MERGE_AT:
-            if len(self) > self.MAX_ROWS:   # (keeping what was just learned)
-                for w in self._widths.values():
-                    w.forget()
-            for w in self._widths.values():
-                w.merge()
+            if width not in memos:
+                memos[width] = rows_memo(3 + 2 * width, max(width, 1), mix)
+            memos[width].learn(key, frames)
+        if sum(m.waiting for m in memos.values()) >= self.MERGE_AT:
+            for m in memos.values():
+                m.merge()

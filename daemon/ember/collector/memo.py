@@ -12,15 +12,30 @@ that two rows share costs a lookup, never a wrong value.
 Rows learned since the last merge wait in a dict (by their bytes) until
 the owner merges them in; ``forget`` drops the sorted arrays, for an owner
 that keeps its memory under a ceiling (what is forgotten is made again).
+
+Where the install built it, ``rows_memo`` gives a ``HashMemo`` instead: the
+same rows in a keyed hash table in C (_memo.c), each row found with one
+probe and one compare, and learned at once (nothing waits to be merged).
+On a fleet's worker it found a profile's 5,000 locations in about a third
+of the sorted arrays' time, whose gather of candidate rows from a table of
+a million waited on memory.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable
-from typing import cast
+from types import ModuleType
+from typing import Protocol, cast
 
 import numpy as np
 import numpy.typing as npt
+
+_memo: ModuleType | None
+try:   # the hash table in C (_memo.c), built by the install where it can be
+    from . import _memo
+except ImportError:   # pragma: no cover  (an install without a compiler)
+    _memo = None
 
 U64 = npt.NDArray[np.uint64]
 Found = npt.NDArray[np.bool_]
@@ -30,6 +45,63 @@ def row_bytes(rows: U64) -> list[bytes]:
     """Each row of a 2-D array as bytes (a dict key)."""
     a = np.ascontiguousarray(rows, np.uint64)
     return cast(list[bytes], a.view(np.dtype((np.void, a.shape[1] * 8))).ravel().tolist())
+
+
+class RowsMemo(Protocol):
+    """Rows of words -> values of words (``SortedMemo``, ``HashMemo``)."""
+
+    def __len__(self) -> int: ...
+    @property
+    def waiting(self) -> int: ...
+    def find(self, rows: U64) -> tuple[U64, Found]: ...
+    def learn(self, row: bytes, values: tuple[int, ...]) -> None: ...
+    def forget(self) -> None: ...
+    def merge(self) -> None: ...
+
+
+def rows_memo(cols: int, values: int, key: Callable[[U64], U64]) -> RowsMemo:
+    """A memo of rows of ``cols`` words -> ``values`` words: in C where it
+    was built, else sorted arrays by ``key`` of each row."""
+    if _memo is not None:
+        return HashMemo(cols, values)
+    return SortedMemo(cols, values, key)
+
+
+class HashMemo:
+    """Rows of ``cols`` words -> values of ``values`` words, in C (_memo.c),
+    hashed with keys drawn at random per memo."""
+
+    def __init__(self, cols: int, values: int) -> None:
+        assert _memo is not None
+        self.cols, self.width = cols, values
+        self._table = _memo.Table(cols, values, os.urandom(16))
+
+    def __len__(self) -> int:
+        return len(self._table)
+
+    @property
+    def waiting(self) -> int:
+        return 0
+
+    @property
+    def nbytes(self) -> int:
+        return int(self._table.nbytes)
+
+    def find(self, rows: U64) -> tuple[U64, Found]:
+        out = np.zeros((len(rows), self.width), np.uint64)
+        found = np.zeros(len(rows), bool)
+        if len(rows):
+            self._table.find(np.ascontiguousarray(rows, np.uint64), out, found)
+        return out, found
+
+    def learn(self, row: bytes, values: tuple[int, ...]) -> None:
+        self._table.add(row, np.array(values, np.uint64))
+
+    def forget(self) -> None:
+        self._table.clear()
+
+    def merge(self) -> None:
+        pass
 
 
 class SortedMemo:
@@ -44,6 +116,11 @@ class SortedMemo:
 
     def __len__(self) -> int:
         return len(self.keys) + len(self.recent)
+
+    @property
+    def waiting(self) -> int:
+        """Rows learned, not merged yet."""
+        return len(self.recent)
 
     def find(self, rows: U64) -> tuple[U64, Found]:
         """Each row's values (zeros if not found), and which were found."""

@@ -14,9 +14,10 @@ chance of 2^-64, and both with 2^-128: far less than the chance of two
 stacks sharing an id (2^-64), which the store accepts. No sender sees the
 keys, so none can choose stacks that meet.
 
-Keys learned since the last merge wait (memo.py) until there are
-``MERGE_AT`` of them. Past ``MAX_STACKS`` the memo forgets all but those,
-and what it forgets is hashed again.
+Keys learned since the last merge wait (memo.py, where it is not in C)
+until there are ``MERGE_AT`` of them. Before it would pass ``MAX_STACKS``
+the memo forgets what it holds (all but those waiting), and what it
+forgets is hashed again.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import os
 import numpy as np
 import numpy.typing as npt
 
-from .memo import SortedMemo, row_bytes
+from .memo import row_bytes, rows_memo
 
 U64 = npt.NDArray[np.uint64]
 I64 = npt.NDArray[np.int64]
@@ -65,15 +66,15 @@ def _first(rows: U64) -> U64:
 
 class StackIds:
     """Stacks (frame ids, root first) -> their ids, remembered by key: a
-    ``SortedMemo`` of rows (first sum, second sum, depth), sorted by the
-    first sum."""
+    memo of rows (first sum, second sum, depth), sorted by the first sum
+    where it is not in C."""
 
     MERGE_AT = 1 << 12
     MAX_STACKS = 1 << 20   # (32 bytes each)
 
     def __init__(self) -> None:
         self._k = np.frombuffer(os.urandom(8 * 7), np.uint64) | np.uint64(1)
-        self._memo = SortedMemo(3, 1, _first)
+        self._memo = rows_memo(3, 1, _first)
 
     def __len__(self) -> int:
         return len(self._memo)
@@ -101,6 +102,8 @@ class StackIds:
         rest = np.flatnonzero(~found).tolist()
         if not rest:
             return out
+        if len(self._memo) + len(rest) > self.MAX_STACKS:   # (before these are learned)
+            self._memo.forget()
         new: dict[bytes, int] = {}   # (a stack twice in the profile: hashed once)
         keys = row_bytes(rows[rest])
         for i, key in zip(rest, keys, strict=True):
@@ -109,8 +112,6 @@ class StackIds:
         for key, sid in ids.items():
             self._memo.learn(key, (sid,))
         out[rest] = np.array([ids[key] for key in keys], np.uint64)
-        if len(self._memo.recent) >= self.MERGE_AT:
-            if len(self._memo) > self.MAX_STACKS:   # (keeping what was just learned)
-                self._memo.forget()
+        if self._memo.waiting >= self.MERGE_AT:
             self._memo.merge()
         return out
