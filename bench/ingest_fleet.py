@@ -203,6 +203,7 @@ def main() -> int:
 
         print(f"writing {rate:g} profiles/s for {args.seconds:g} s", file=sys.stderr)
         cpu0, own0 = total(family(proc.pid), cpu_seconds), time.process_time()
+        main0 = cpu_seconds(proc.pid)
         began = time.monotonic()
         order = list(range(args.hosts))
         rng.shuffle(order)
@@ -223,6 +224,7 @@ def main() -> int:
                 pending.acquire(timeout=120)
             elapsed = time.monotonic() - began
             cpu = total(family(proc.pid), cpu_seconds) - cpu0
+            main_cpu = cpu_seconds(proc.pid) - main0
             own = time.process_time() - own0
             # what the seal loop did beside the writes (a block closes every 5 min)
             sealed = metric(port, "ember_collector_blocks_sealed_total")
@@ -252,6 +254,9 @@ def main() -> int:
                     f"{pct(lat, 0.5) * 1000:.0f} / {pct(lat, 0.99) * 1000:.0f} / "
                     f"{max(lat, default=float('nan')) * 1000:.0f}"],
                    ["collector CPU, with its workers (cores busy)", f"{cpu / elapsed:.2f}"],
+                   ["of it, the collector's own process", f"{main_cpu / elapsed:.2f}"],
+                   ["collector CPU a profile acknowledged (ms)",
+                    f"{cpu / max(len(acks), 1) * 1e3:.1f}"],
                    ["this load's own CPU (cores busy)", f"{own / elapsed:.2f}"],
                    ["collector peak RSS (MB)", f"{peak / 1024:.0f}"],
                    ["peak RSS with its workers (MB)", f"{peak_all / 1024:.0f}"],

@@ -134,6 +134,7 @@ def test_forget_keeps_what_waits() -> None:
     assert len(memo) == 1 and memo.find(b)[0].tolist() == [[90]]
 
 
+@pytest.mark.usefixtures("memo_kind")
 def test_an_id_set_answers_as_a_set_of_the_same_ids(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(IdSet, "MERGE_AT", 50)   # merge often
     rng = random.Random(9)

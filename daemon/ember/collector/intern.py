@@ -161,6 +161,10 @@ class Interner:
     """The ids a store already holds, and caches that turn a pprof's
     locations and label sets into them without hashing them again."""
 
+    #: Threads whose ids (and their names' ids) are kept, a memo only: a
+    #: thread's two ids are JSON and BLAKE2b, 0.3 ms a profile of 16 threads.
+    MAX_THREAD_IDS = 1 << 16
+
     def __init__(self) -> None:
         self.frames: dict[int, Frame] = {}
         self.stacks = IdSet()
@@ -173,6 +177,7 @@ class Interner:
         self.stack_ids = StackIds()
         self._locations: dict[object, tuple[int, ...]] = {}
         self._mappings: dict[tuple[object, ...], int] = {}
+        self._thread_ids: dict[ThreadKey, tuple[int, int]] = {}
 
     def add(self, rows: Rows, p: pb.Profile, series_labels: Sequence[tuple[str, str]],
             type_: str, time_ns: int, end_ns: int, tables: decode.Tables | None = None
@@ -258,13 +263,19 @@ class Interner:
                 rows.new_stacks[stacks[j]] = tuple(flat[lo[j]:hi[j]].tolist())
         stacks.reverse()
         threads, tnames = [], []
+        named = self._thread_ids
         for labels in smp.label_sets:
             tkey: ThreadKey = sample_context(st, labels)
-            th = thread_id(tkey)
+            got = named.get(tkey)
+            if got is None:
+                if len(named) >= self.MAX_THREAD_IDS:
+                    named.clear()
+                got = named[tkey] = (thread_id(tkey), thread_name_id(tkey[2]))
+            th = got[0]
             if th not in self.threads:
                 rows.new_threads[th] = tkey
             threads.append(th)
-            tnames.append(thread_name_id(tkey[2]))
+            tnames.append(got[1])
         n_samples, width = len(smp.depth), len(p.sample_type)
         stack = np.array(stacks, np.uint64)
         thread = np.array(threads, np.uint64)[smp.label_set]
