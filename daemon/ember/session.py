@@ -312,18 +312,20 @@ class Session:
         (programs detached) and ``end_ns`` (monotonic), blocks still in
         progress are charged up to end_ns."""
         o = self.options
+        exited = self.python.interpreters.retired()  # named in this drain, then forgotten
+        # every program flipped first: their boundaries one moment, the
+        # window's end (drain.Drainer.flip)
+        flips = [p.drainer.flip(final=final, now_ns=end_ns) for p in self.pipelines]
         if self.unwind is not None and not final:
             self.unwind.sweep()
-        exited = self.python.interpreters.retired()  # named in this drain, then forgotten
         out = []
-        for p in self.pipelines:
+        for p, flip in zip(self.pipelines, flips, strict=True):
             t0 = time.monotonic()
-            result = p.drainer.drain(final=final, now_ns=end_ns, min_ns=o.min_block_ns,
-                                     max_ns=o.max_block_ns)
+            result = p.drainer.collect(flip, min_ns=o.min_block_ns, max_ns=o.max_block_ns)
             drained = Drained(p.program, result)
             for builder in p.builders:
                 drained.samples.append((builder, builder.build(result.records)))
-            drained.seconds = time.monotonic() - t0
+            drained.seconds = flip.seconds + time.monotonic() - t0
             out.append(drained)
         self.python.interpreters.drop_retired(exited)
         self.python.forget(exited)

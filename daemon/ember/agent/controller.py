@@ -173,9 +173,11 @@ class Agent:
         """One drain, stage by stage; returns the profiles exported. The final
         one (programs detached) charges blocks still in flight up to end_ns
         (monotonic), which is the window's end (window_end_ns, wall clock)."""
-        window = self._next_window(window_end_ns)
         self.accounting.begin()
         self.session.discover()
+        # (the window ends as the programs flip: after discovering, which a
+        # loaded machine makes slow)
+        window = self._next_window(window_end_ns)
         drained = self.session.drain(final=final, end_ns=end_ns)
         profiles, dropped = process_profiles(drained, self.labeler, window)
         for exporter in self.exporters.values():

@@ -45,7 +45,7 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from .. import abi
 
@@ -194,6 +194,19 @@ def _comm(raw: bytes) -> str:
     return raw.split(b"\0", 1)[0].decode("utf-8", "replace")
 
 
+class Flip(NamedTuple):
+    """A drain between its flip and its collecting: the epoch flipped, the
+    boundary (monotonic ns; None: a final drain without one), and what was
+    read before the flip."""
+
+    epoch: int
+    final: bool
+    bound: int | None
+    before: Sequence[tuple[int, abi.Start]]
+    wakes: Sequence[tuple[int, abi.Wake]]
+    seconds: float   # what the flip took
+
+
 class Drainer:
     def __init__(self, maps: DrainMaps, grace: GracePeriod | None = None, epoch: int = 0,
                  clock: Callable[[], int] = time.monotonic_ns,
@@ -233,9 +246,41 @@ class Drainer:
         to now (the program charges the rest when they end). With ``final``
         (programs detached), blocks still in progress are charged up to
         ``now_ns`` and kept when ``min_ns <= duration <= max_ns`` (``max_ns``
-        0: no limit)."""
+        0: no limit). ``flip`` then ``collect``."""
+        return self.collect(self.flip(final, now_ns), min_ns, max_ns)
+
+    def flip(self, final: bool = False, now_ns: int | None = None) -> Flip:
+        """Steps 0-2: the boundary written and the epoch flipped (nothing
+        written to the epoch drained once this returns). A caller draining
+        several programs flips them all before collecting any, so that their
+        boundaries are the same moment, not one apart by another's
+        collecting (its symbolizing, on a loaded machine, took long enough
+        to put an interval's off-CPU time 4% past its length)."""
         t0 = time.monotonic()
         e = self.epoch
+        # 0. carry the stacks of blocks that outlive the slot cleared below
+        # (read before the flip: a block may end between the flip and the
+        # read of the blocks in flight below, and count in the next epoch).
+        before = self.maps.starts()
+        wakes = self.maps.wakes()
+
+        # 1-2. the boundary, the flip, then wait until nothing writes epoch e.
+        bound = now_ns
+        if not final:
+            bound = self.clock()
+            if self.maps.charges_in_flight:
+                self.maps.write_bound(e + 1, bound)
+            self.maps.write_epoch(e + 1)
+            self.grace.wait()
+        elif self.maps.charges_in_flight and bound is not None:
+            self.maps.write_bound(e, bound)  # the programs are gone: the last one
+        return Flip(e, final, bound, before, wakes, time.monotonic() - t0)
+
+    def collect(self, flip: Flip, min_ns: int = 0, max_ns: int = 0) -> DrainResult:
+        """Steps 3-5 of a ``flip``: the epoch read, the blocks in flight
+        charged up to its boundary, what was read forgotten."""
+        t0 = time.monotonic()
+        e, final, bound, before, wakes, flip_s = flip
         result = DrainResult()
         cache: dict[tuple[int, int], Stack | None] = {}
 
@@ -248,26 +293,10 @@ class Drainer:
         # epochs whose stack slots are intact now (e + 1: the iterator's, just begun)
         in_map = range(e - self._keep, e + 2)
         tracked = self.maps.charges_in_flight
-
-        # 0. carry the stacks of blocks that outlive the slot cleared below
-        # (read before the flip: a block may end between the flip and the
-        # read of the blocks in flight below, and count in the next epoch).
-        before = self.maps.starts()
         refs: list[tuple[int, int, int]] = [
             (s.stack_epoch, s.user_stack_id, s.kernel_stack_id) for _, s in before]
-        wakes = self.maps.wakes()
         refs += [(w.stack_epoch, w.user_stack_id, w.kernel_stack_id) for _, w in wakes]
 
-        # 1-2. the boundary, the flip, then wait until nothing writes epoch e.
-        bound = now_ns
-        if not final:
-            bound = self.clock()
-            if tracked:
-                self.maps.write_bound(e + 1, bound)
-            self.maps.write_epoch(e + 1)
-            self.grace.wait()
-        elif tracked and bound is not None:
-            self.maps.write_bound(e, bound)  # the programs are gone: the last one
         # the blocks in flight now, and those that ended since the flip
         pending = self.maps.starts() if tracked and not final else before
         crossed = self.maps.crossed() if tracked else []
@@ -369,7 +398,7 @@ class Drainer:
         result.stats.records = len(result.records)
         result.stats.stacks_carried = len(new_carried)
         result.stats.pending = len(pending)
-        result.stats.duration_s = time.monotonic() - t0
+        result.stats.duration_s = flip_s + time.monotonic() - t0
         return result
 
     def _charge_sampled(self, result: DrainResult, f: abi.InFlight, final: bool,
