@@ -6,6 +6,7 @@ whole, in order, refused as one)."""
 
 from __future__ import annotations
 
+import gzip
 import os
 import random
 import signal
@@ -66,6 +67,7 @@ def by_a_worker(reqs: list[ps.WriteRawRequest], store: Store | None = None) -> S
     store = store or Store(":memory:")
     for r in reqs:
         prepared, _ = workers.prepare(r.SerializeToString(), DEFAULT_LIMITS, time.time_ns())
+        prepared = workers.with_data(prepared, r)
         store.write([x.profile for x in prepared], [(x.shape, x.rows) for x in prepared])
     return store
 
@@ -75,6 +77,23 @@ def test_rows_a_worker_made_are_what_the_collector_stores() -> None:
     mine, theirs = by_the_collector(reqs), by_a_worker(reqs)
     assert sum(len(rows) for rows in contents(mine).values()) > 100
     assert contents(mine) == contents(theirs)
+
+
+def test_only_data_the_worker_changed_is_sent_back() -> None:
+    """A profile stored as it was sent comes back without its bytes (the
+    collector has them); one the worker compressed anew (sent as raw
+    pprof) comes back with the gzip it made, which is what is stored."""
+    reqs = requests(2)
+    sample = reqs[1].series[0].samples[0]
+    sample.raw_profile = gzip.decompress(sample.raw_profile)
+    prepared = [workers.prepare(r.SerializeToString(), DEFAULT_LIMITS, time.time_ns())[0][0]
+                for r in reqs]
+    assert prepared[0].profile.data == workers.AS_SENT
+    assert gzip.decompress(prepared[1].profile.data) == sample.raw_profile
+    filled = [workers.with_data([x], r)[0] for x, r in zip(prepared, reqs, strict=True)]
+    assert filled[0].profile.data == reqs[0].series[0].samples[0].raw_profile
+    assert filled[1] == prepared[1]
+    assert contents(by_the_collector(reqs)) == contents(by_a_worker(reqs))
 
 
 def test_what_a_worker_sent_for_a_failed_write_is_made_again() -> None:
