@@ -13,14 +13,14 @@ from __future__ import annotations
 import gzip
 import hashlib
 import re
-import zlib
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 import numpy as np
 from google.protobuf.message import DecodeError
+from isal import isal_zlib
 
 from ..encode.pprof import repaired
 from ..encode.writeraw import LABEL_NAME, PROFILE_ID_PREFIX
@@ -29,6 +29,9 @@ from ..proto import profile_pb2 as pb
 from ..proto import profilestore_pb2 as ps
 from . import decode
 from .store import StoredProfile
+
+#: What a bad deflate stream raises (isal's stubs type it as an instance).
+INFLATE_ERROR = cast(type[Exception], isal_zlib.error)
 
 METRIC_NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
 MAX_LABELS = 64
@@ -99,10 +102,10 @@ def decompress(raw: bytes, limit: int, max_members: int = Limits.max_gzip_member
             raise InvalidRequest(f"more than {max_members} gzip members")
         if raw[pos:pos + 2] != GZIP_MAGIC:
             raise InvalidRequest("data after the gzip stream")
-        d = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
+        d = isal_zlib.decompressobj(wbits=16 + isal_zlib.MAX_WBITS)
         try:
             out = d.decompress(view[pos:], limit - size + 1)
-        except zlib.error as exc:
+        except INFLATE_ERROR as exc:
             raise InvalidRequest(f"bad gzip data: {exc}") from None
         size += len(out)
         if size > limit:
