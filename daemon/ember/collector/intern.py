@@ -408,15 +408,14 @@ class Interner:
         # the frames of the stacks new here, each once (a new program's
         # profile: 600 stacks of 20 frames, most of them the same few hundred)
         sent = np.fromiter(made.new_stacks, np.uint64, len(made.new_stacks))
-        needed = set(chain.from_iterable(
-            made.new_stacks[s] for s in sent[~self.stacks.known(sent)].tolist()))
+        new_here = sent[~self.stacks.known(sent)].tolist()   # (one lookup, in bulk)
+        needed = set(chain.from_iterable(made.new_stacks[s] for s in new_here))
         needed.difference_update(made.new_frames, rows.new_frames)
-        if any(f not in self.frames for f in needed):
+        if not needed <= self.frames.keys():
             return False
         rows.new_frames.update((k, v) for k, v in made.new_frames.items()
                                if k not in self.frames)
-        rows.new_stacks.update((k, v) for k, v in made.new_stacks.items()
-                               if k not in self.stacks)
+        rows.new_stacks.update((s, made.new_stacks[s]) for s in new_here)
         rows.new_threads.update((k, v) for k, v in made.new_threads.items()
                                 if k not in self.threads)
         rows.new_series.update((sid, key) for sid, key in made.new_series.items()
