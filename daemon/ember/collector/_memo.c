@@ -50,6 +50,12 @@ static inline uint64_t mix(const Table *t, const uint64_t *row)
     return h;
 }
 
+/* The row a held slot names (slots hold its number + 1 below the tag). */
+static inline size_t row_of(uint64_t slot)
+{
+    return (size_t)(slot & 0xFFFFFFFFu) - 1;
+}
+
 /* The slot of `row` (hash h): where it is, or the empty one it would take. */
 static inline size_t probe(const Table *t, const uint64_t *row, uint64_t h, int *held)
 {
@@ -62,8 +68,7 @@ static inline size_t probe(const Table *t, const uint64_t *row, uint64_t h, int 
             *held = 0;
             return i;
         }
-        if (s >> 32 == tag && memcmp(t->rows + ((s & 0xFFFFFFFFu) - 1) * t->cols, row,
-                                     bytes) == 0) {
+        if (s >> 32 == tag && memcmp(t->rows + row_of(s) * t->cols, row, bytes) == 0) {
             *held = 1;
             return i;
         }
@@ -139,73 +144,82 @@ static int words(PyObject *obj, Py_buffer *buf, int writable, size_t per, Py_ssi
     return 0;
 }
 
+/* `rows` (n x cols words) and `other` (n x per words, writable if asked),
+ * n found from rows: 0, or -1 holding neither. */
+static int rows_and(Table *t, PyObject *rows, Py_buffer *rb, PyObject *other, Py_buffer *ob,
+                    int writable, size_t per, const char *what, Py_ssize_t *n)
+{
+    *n = -1;
+    if (words(rows, rb, 0, (size_t)t->cols, n, "rows"))
+        return -1;
+    if (words(other, ob, writable, per, n, what)) {
+        PyBuffer_Release(rb);
+        return -1;
+    }
+    return 0;
+}
+
+/* Each of the n rows' values into out, and found[r] 1 where the row is held
+ * (0 where not): how many were, or -1 (out of memory, raised). */
+static Py_ssize_t lookup(const Table *t, const uint64_t *rows, Py_ssize_t n, uint64_t *out,
+                         uint8_t *found)
+{
+    memset(found, 0, (size_t)n);
+    if (!n || !t->slots)
+        return 0;
+    uint64_t *h = PyMem_Malloc((size_t)n * sizeof *h);
+    if (h == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    /* A table past the caches waits on memory twice a row (its slot, then
+     * the row): every slot is asked for ahead, then each row a few rows
+     * ahead of its compare, so the waits overlap. */
+    for (Py_ssize_t r = 0; r < n; r++) {
+        h[r] = mix(t, rows + r * t->cols);
+        __builtin_prefetch(t->slots + ((size_t)h[r] & t->mask));
+    }
+    Py_ssize_t hits = 0;
+    size_t vbytes = (size_t)t->width * sizeof(uint64_t);
+    for (Py_ssize_t r = 0; r < n; r++) {
+        if (r + AHEAD < n) {
+            uint64_t s = t->slots[(size_t)h[r + AHEAD] & t->mask];
+            if (s)
+                __builtin_prefetch(t->rows + row_of(s) * t->cols);
+        }
+        int held;
+        size_t i = probe(t, rows + r * t->cols, h[r], &held);
+        if (held) {
+            found[r] = 1;
+            memcpy(out + r * t->width, t->values + row_of(t->slots[i]) * t->width, vbytes);
+            hits++;
+        }
+    }
+    PyMem_Free(h);
+    return hits;
+}
+
 static PyObject *find(Table *t, PyObject *args)
 {
-    PyObject *rows_o, *out_o, *found_o;
+    PyObject *rows_o, *out_o, *found_o, *result = NULL;
     if (!PyArg_ParseTuple(args, "OOO:find", &rows_o, &out_o, &found_o))
         return NULL;
     Py_buffer rb, ob, fb;
-    Py_ssize_t n = -1;
-    if (words(rows_o, &rb, 0, (size_t)t->cols, &n, "rows"))
+    Py_ssize_t n;
+    if (rows_and(t, rows_o, &rb, out_o, &ob, 1, (size_t)t->width, "out", &n))
         return NULL;
-    if (words(out_o, &ob, 1, (size_t)t->width, &n, "out")) {
-        PyBuffer_Release(&rb);
-        return NULL;
-    }
-    if (PyObject_GetBuffer(found_o, &fb, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE)) {
-        PyBuffer_Release(&rb);
-        PyBuffer_Release(&ob);
-        return NULL;
-    }
-    if (fb.len != n) {
-        PyErr_Format(PyExc_ValueError, "found: %zd bytes, not %zd", fb.len, n);
-        PyBuffer_Release(&rb);
-        PyBuffer_Release(&ob);
-        PyBuffer_Release(&fb);
-        return NULL;
-    }
-    const uint64_t *rows = rb.buf;
-    uint64_t *out = ob.buf;
-    uint8_t *found = fb.buf;
-    Py_ssize_t hits = 0;
-    size_t vbytes = (size_t)t->width * sizeof(uint64_t);
-    uint64_t *h = n && t->slots ? PyMem_Malloc((size_t)n * sizeof *h) : NULL;
-    if (n && t->slots && h == NULL) {
-        PyBuffer_Release(&rb);
-        PyBuffer_Release(&ob);
-        PyBuffer_Release(&fb);
-        return PyErr_NoMemory();
-    }
-    memset(found, 0, (size_t)n);
-    if (h != NULL) {
-        /* A table past the caches waits on memory twice a row (its slot, then
-         * the row): every slot is asked for ahead, then each row a few
-         * rows ahead of its compare, so the waits overlap. */
-        for (Py_ssize_t r = 0; r < n; r++) {
-            h[r] = mix(t, rows + r * t->cols);
-            __builtin_prefetch(t->slots + ((size_t)h[r] & t->mask));
+    if (PyObject_GetBuffer(found_o, &fb, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) == 0) {
+        if (fb.len != n) {
+            PyErr_Format(PyExc_ValueError, "found: %zd bytes, not %zd", fb.len, n);
+        } else {
+            Py_ssize_t hits = lookup(t, rb.buf, n, ob.buf, fb.buf);
+            result = hits < 0 ? NULL : PyLong_FromSsize_t(hits);
         }
-        for (Py_ssize_t r = 0; r < n; r++) {
-            if (r + AHEAD < n) {
-                uint64_t s = t->slots[(size_t)h[r + AHEAD] & t->mask];
-                if (s)
-                    __builtin_prefetch(t->rows + ((s & 0xFFFFFFFFu) - 1) * t->cols);
-            }
-            int held;
-            size_t i = probe(t, rows + r * t->cols, h[r], &held);
-            if (held) {
-                found[r] = 1;
-                memcpy(out + r * t->width,
-                       t->values + ((t->slots[i] & 0xFFFFFFFFu) - 1) * t->width, vbytes);
-                hits++;
-            }
-        }
-        PyMem_Free(h);
+        PyBuffer_Release(&fb);
     }
     PyBuffer_Release(&rb);
     PyBuffer_Release(&ob);
-    PyBuffer_Release(&fb);
-    return PyLong_FromSsize_t(hits);
+    return result;
 }
 
 static PyObject *add(Table *t, PyObject *args)
@@ -214,13 +228,9 @@ static PyObject *add(Table *t, PyObject *args)
     if (!PyArg_ParseTuple(args, "OO:add", &rows_o, &values_o))
         return NULL;
     Py_buffer rb, vb;
-    Py_ssize_t n = -1;
-    if (words(rows_o, &rb, 0, (size_t)t->cols, &n, "rows"))
+    Py_ssize_t n;
+    if (rows_and(t, rows_o, &rb, values_o, &vb, 0, (size_t)t->width, "values", &n))
         return NULL;
-    if (words(values_o, &vb, 0, (size_t)t->width, &n, "values")) {
-        PyBuffer_Release(&rb);
-        return NULL;
-    }
     Py_ssize_t added = 0;
     if (reserve(t, (size_t)n) == 0) {
         const uint64_t *rows = rb.buf, *values = vb.buf;
