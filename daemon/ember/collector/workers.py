@@ -87,9 +87,8 @@ def prepare(data: bytes, limits: Limits, now_ns: int, numbers: Sequence[int] | N
     repairs: Counter[str] = Counter()
     out = []
     request = ps.WriteRawRequest.FromString(data)
-    sent = [sample.raw_profile for series in request.series for sample in series.samples]
-    for sp, raw in zip(check_request(request, limits, now_ns, repairs, numbers), sent,
-                       strict=True):
+    for sp, sample in zip(check_request(request, limits, now_ns, repairs, numbers),
+                          _samples(request), strict=True):
         assert sp.proto is not None
         rows = Rows()
         it.add(rows, sp.proto, sp.series_labels, sp.type, sp.time_ns,
@@ -103,7 +102,8 @@ def prepare(data: bytes, limits: Limits, now_ns: int, numbers: Sequence[int] | N
         # (the collector has the bytes it sent: only a profile repaired or
         # compressed anew goes back with its data)
         out.append(Prepared(replace(sp, proto=None, tables=None,
-                                    data=AS_SENT if sp.data == raw else sp.data),
+                                    data=AS_SENT if sp.data == sample.raw_profile
+                                    else sp.data),
                             shape_json(profile_shape(sp.proto)), rows))
     return out, repairs
 
@@ -130,10 +130,14 @@ def program_of(labels: ps.LabelSet) -> bytes:
 def with_data(prepared: list[Prepared], request: ps.WriteRawRequest) -> list[Prepared]:
     """What ``prepare`` made of ``request``, each profile with its data
     (the request's own bytes where the worker left them ``AS_SENT``)."""
-    sent = [sample for series in request.series for sample in series.samples]
     return [x if x.profile.data != AS_SENT
             else x._replace(profile=replace(x.profile, data=sample.raw_profile))
-            for x, sample in zip(prepared, sent, strict=True)]
+            for x, sample in zip(prepared, _samples(request), strict=True)]
+
+
+def _samples(request: ps.WriteRawRequest) -> list[ps.RawSample]:
+    """The request's samples (profiles) in order, as check_request reads them."""
+    return [sample for series in request.series for sample in series.samples]
 
 
 def _series_number(exc: InvalidRequest) -> int:
