@@ -10,6 +10,8 @@ import random
 import re
 import subprocess
 import sys
+import threading
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -172,6 +174,70 @@ def test_garbage_truncated_and_oversized(collector: Collector, tmp_path: Path) -
     assert collector.store.count() == 1
     code, body = http(collector, "/api/v1/profile")
     assert code == 200 and body.strip()
+
+
+#: A client in its own process (so that only the collector's memory is in
+#: this one): N WriteRaw calls of SIZE random bytes at once, printing each
+#: call's status code.
+_CALLS = """
+import sys, random, grpc
+from ember.proto import profilestore_pb2 as ps, profilestore_pb2_grpc as g
+n, size, port = map(int, sys.argv[1:])
+req = ps.WriteRawRequest(series=[ps.RawProfileSeries(samples=[
+    ps.RawSample(raw_profile=random.Random(1).randbytes(size))])])
+ch = grpc.insecure_channel(f"127.0.0.1:{port}",
+                           options=[("grpc.max_send_message_length", 2 * size)])
+calls = [g.ProfileStoreServiceStub(ch).WriteRaw.future(req, timeout=60) for _ in range(n)]
+print("sent", flush=True)
+print(" ".join((c.exception() or grpc.RpcError()).code().name for c in calls))
+"""
+
+
+def _rss_mb() -> float:
+    status = Path("/proc/self/status").read_text()
+    return int(re.search(r"VmRSS:\s+(\d+)", status).group(1)) / 1024  # type: ignore[union-attr]
+
+
+def test_queued_calls_wait_without_their_requests(tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Calls past the threads that serve them wait in gRPC's queue holding
+    no more than their stream's window, not their whole request: 30 calls
+    of 4 MB queued behind two blocked threads grow the collector by far
+    less than their 120 MB (with the transport's link estimate on, each
+    sent all of it), and each is read whole once a thread is free."""
+    import ember.collector.server as server
+    monkeypatch.setattr(server, "WRITE_THREADS", 2)
+    c = start(tmp_path, max_request_size=8 << 20)
+    gate, entered = threading.Event(), threading.Semaphore(0)
+
+    def held(header: str) -> bool:
+        entered.release()
+        gate.wait(60)
+        return True
+
+    monkeypatch.setattr(c, "authorized", held)
+    client = None
+    try:
+        before = _rss_mb()
+        client = subprocess.Popen([sys.executable, "-c", _CALLS, "32", str(4 << 20),
+                                   str(c.grpc_port)], stdout=subprocess.PIPE, text=True)
+        assert client.stdout is not None and client.stdout.readline().strip() == "sent"
+        for _ in range(2):
+            assert entered.acquire(timeout=30)   # both threads hold a call
+        time.sleep(2)   # (the queued calls' bytes would have arrived by now)
+        grown = _rss_mb() - before
+        # two requests being read (8 MB, and their parse) and 30 windows of 256 KB
+        assert grown < 40, f"the collector grew by {grown:.0f} MB for 30 queued calls"
+        gate.set()
+        codes = client.stdout.readline().split()
+        assert client.wait(60) == 0
+        # every call was taken and its 4 MB read: refused as no profile, not for load
+        assert codes == ["INVALID_ARGUMENT"] * 32, codes
+    finally:
+        gate.set()
+        if client is not None and client.poll() is None:
+            client.kill()
+        c.close()
 
 
 def test_token_auth(tmp_path: Path) -> None:
