@@ -12,7 +12,8 @@ from the scheduled time) and as refusals, not as a slower client.
 
 Reported: acknowledgements (p50, p99, max), requests refused and why, the
 rate achieved, the collector's CPU (cores busy) and peak RSS, per window
-of --window seconds and over the whole run.
+of --window seconds (acknowledgements by when they were due, the
+collector's RSS as sampled in it) and over the whole run.
 
     .venv/bin/python bench/ingest_fleet.py [--hosts 1000] [--interval 10]
         [--seconds 300] [--stacks 1000] [--store PATH] [--decode-workers N]
@@ -148,6 +149,8 @@ def main() -> int:
     ap.add_argument("--store", type=Path, help="an existing store to write into (else empty)")
     ap.add_argument("--decode-workers", type=int, default=0,
                     help="the collector's decode_workers (0: it reads requests itself)")
+    ap.add_argument("--max-concurrent-writes", type=int,
+                    help="the collector's max_concurrent_writes (else its default)")
     args = ap.parse_args()
     rng = random.Random(7)
     print(f"making {args.programs} programs' profiles", file=sys.stderr)
@@ -164,7 +167,9 @@ def main() -> int:
         path = args.store or Path(tmp) / "store.duckdb"
         port, grpc_port = free_port(), free_port()
         conf = Path(tmp) / "ember.yaml"
-        conf.write_text(f"collector:\n  decode_workers: {args.decode_workers}\n")
+        conf.write_text(f"collector:\n  decode_workers: {args.decode_workers}\n" + (
+            f"  max_concurrent_writes: {args.max_concurrent_writes}\n"
+            if args.max_concurrent_writes else ""))
         proc = subprocess.Popen([*EMBER, "collector", "--config", str(conf),
                                  "--storage", str(path),
                                  "--http-listen", f"127.0.0.1:{port}",
@@ -182,10 +187,13 @@ def main() -> int:
         peak = peak_all = 0
         stop = threading.Event()
 
+        rss: list[tuple[float, int]] = []  # (when, the collector's RSS in kB)
+
         def watch() -> None:
             nonlocal peak, peak_all
             while not stop.wait(0.2):
                 main = status_kb(proc.pid, "VmRSS")
+                rss.append((time.monotonic(), main))
                 peak = max(peak, main)
                 peak_all = max(peak_all, int(total(family(proc.pid),
                                                    lambda p: status_kb(p, "VmRSS"))))
@@ -237,14 +245,16 @@ def main() -> int:
         t = 0.0
         while t < args.seconds:
             lat = [x for d, x in acks if t <= d - began < t + args.window]
+            held = [kb for at, kb in rss if t <= at - began < t + args.window]
             rows.append([f"{t:.0f}-{t + args.window:.0f}", str(len(lat)),
                          f"{pct(lat, 0.5) * 1000:.0f}", f"{pct(lat, 0.99) * 1000:.0f}",
-                         f"{max(lat, default=float('nan')) * 1000:.0f}"])
+                         f"{max(lat, default=float('nan')) * 1000:.0f}",
+                         f"{max(held, default=0) / 1024:.0f}"])
             t += args.window
         lat = [x for _, x in acks]
         out = [render(f"{args.hosts} hosts, one {args.stacks}-sample profile each every "
                       f"{args.interval:g} s ({rate:g}/s), acknowledgements by window (ms)",
-                      ["window s", "acked", "p50", "p99", "max"], rows),
+                      ["window s", "acked", "p50", "p99", "max", "collector RSS MB"], rows),
                render("Whole run", ["figure", "value"], [
                    ["requests sent", str(sent)],
                    ["acknowledged", str(len(acks))],
