@@ -154,6 +154,8 @@ def test_overload_is_retried_until_stored(tmp_path: Path, monkeypatch: pytest.Mo
         refused = sum(m.send_failures.labels("resource_exhausted")._value.get()
                       for _, m, _ in agents)
         assert refused > 0  # the limit was hit, and nothing was dropped for it
+        # the collector counted each refusal gRPC made for it
+        assert c.metrics.requests.labels("resource_exhausted")._value.get() == refused
         assert sum(m.spool_dropped._value.get() for _, m, _ in agents) == 0
     finally:
         for _, _, shipper in agents:

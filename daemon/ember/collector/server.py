@@ -24,6 +24,7 @@ import ssl
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from concurrent import futures
 from pathlib import Path
 from typing import Any
@@ -85,6 +86,27 @@ def _loopback(hostport: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+class _LoadRefusals(grpc.ServerInterceptor):  # type: ignore[misc]
+    """Counts the calls gRPC refuses past ``max_concurrent_writes``
+    (``ember_collector_requests_total{code="resource_exhausted"}``), which
+    it answers before any of the collector's code runs. gRPC runs
+    interceptors under its server's lock, right after comparing its count
+    of calls in hand with the limit, so the same comparison here gives the
+    same answer. That count is gRPC's own state (``state``, set once the
+    server exists): where a version lacks it, nothing is counted and the
+    start says so."""
+
+    def __init__(self, refused: Callable[[], None]) -> None:
+        self.state: Any = None
+        self._refused = refused
+
+    def intercept_service(self, continuation: Any, details: Any) -> Any:
+        st = self.state
+        if st is not None and st.active_rpc_count >= st.maximum_concurrent_rpcs:
+            self._refused()
+        return continuation(details)
 
 
 def _bind_problem(hostport: str) -> str:
@@ -209,10 +231,18 @@ class Collector:
         options.append(("grpc.so_reuseport", 0))
         options += [("grpc.http2.bdp_probe", 0), ("grpc.http2.lookahead_bytes", WAITING_WINDOW)]
         threads = min(WRITE_THREADS, cfg.max_concurrent_writes)
+        refusals = _LoadRefusals(self.metrics.requests.labels("resource_exhausted").inc)
         self._grpc = grpc.server(futures.ThreadPoolExecutor(max_workers=threads,
                                                             thread_name_prefix="ember-grpc"),
-                                 options=options,
+                                 interceptors=[refusals], options=options,
                                  maximum_concurrent_rpcs=cfg.max_concurrent_writes)
+        state = getattr(self._grpc, "_state", None)
+        if isinstance(getattr(state, "active_rpc_count", None), int) and isinstance(
+                getattr(state, "maximum_concurrent_rpcs", None), int):
+            refusals.state = state
+        else:
+            log.warning("collector: this gRPC does not show its calls in hand; writes refused "
+                        "for load are not counted here (agents count them)")
         ps_grpc.add_ProfileStoreServiceServicer_to_server(  # type: ignore[no-untyped-call]
             _Servicer(self), self._grpc)
         try:
