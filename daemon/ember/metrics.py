@@ -408,8 +408,8 @@ class CollectorMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = r = registry
         _process_metrics(r)
-        self.requests = Counter("ember_collector_requests_total", "WriteRaw calls by status",
-                                ["code"], registry=r)
+        self.requests = Counter("ember_collector_requests_total", "WriteRaw calls by gRPC status "
+                                "(resource_exhausted: refused for load)", ["code"], registry=r)
         self.profiles = Counter("ember_collector_profiles_stored_total", "Profiles stored",
                                 registry=r)
         self.duplicates = Counter("ember_collector_duplicate_profiles_total",
