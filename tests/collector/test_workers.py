@@ -10,6 +10,8 @@ import gzip
 import os
 import random
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import replace
@@ -244,3 +246,13 @@ def test_ready_asks_every_worker_and_starts_a_dead_one_again() -> None:
         assert pool.router.busy == [0, 0]
     finally:
         pool.close()
+
+
+def test_a_worker_does_not_load_duckdb() -> None:
+    """A decode worker imports what ``prepare`` needs, and DuckDB (22 MB of
+    each worker's memory) is not among it: the store is the collector's."""
+    out = subprocess.run([sys.executable, "-c", "import sys, ember.collector.workers; "
+                          "print(sorted(m for m in sys.modules if m.split('.')[0] == 'duckdb' "
+                          "or m in ('ember.collector.store', 'ember.collector.tables')))"],
+                         capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]", out

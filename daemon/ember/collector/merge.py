@@ -34,8 +34,7 @@ from .blocksums import Part, add_up
 from .leaves import raw_sums
 from .matchers import Matchers
 from .rollup import Block, capped_sum, runs
-from .rows import Aggregate
-from .tables import shape_json
+from .rows import Aggregate, shape_json
 
 if TYPE_CHECKING:
     from .store import Store

@@ -4,6 +4,7 @@ a range summed (the one merge every view starts from)."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Sequence
@@ -18,11 +19,22 @@ from ..model import Profile, ProfileType, Sample
 from ..proto import profile_pb2 as pb
 from .intern import MAX_VALUES, Interner, Rows
 from .matchers import Matchers
-from .tables import shape_json, shape_of
 
 if TYPE_CHECKING:
     from .decode import Tables
     from .store import Store
+
+
+def shape_json(t: ProfileType) -> str:
+    """A profile type's shape (its sample types and period) as stored."""
+    return json.dumps([list(map(list, t.sample_types)), list(t.period_type), t.period])
+
+
+def shape_of(text: str) -> ProfileType:
+    types, period_type, period = json.loads(text)
+    sample_types = tuple((a, b) for a, b in types)
+    return ProfileType("", sample_types, (period_type[0], period_type[1]), int(period),
+                       folded_index=len(sample_types) - 1)
 
 
 @dataclass(frozen=True)

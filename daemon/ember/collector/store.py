@@ -48,7 +48,7 @@ from .leaves import PERFECT_BITS, Leaves
 from .matchers import Matchers, selector
 from .numbers import Numbers, numbered_rows
 from .rollup import Seals, seal, unsealed
-from .rows import Aggregate, Queue, Row, StoredProfile, Write, as_sent, rows_of
+from .rows import Aggregate, Queue, Row, StoredProfile, Write, as_sent, rows_of, shape_of
 from .tables import (
     check_disk,
     create_or_upgrade,
@@ -56,7 +56,6 @@ from .tables import (
     insert,
     load_interned,
     one,
-    shape_of,
     stack_frames,
     storage_error,
     used_bytes,

@@ -26,7 +26,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..errors import StorageError, StorageFull
-from ..model import Frame, FrameKind, Mapping, ProfileType
+from ..model import Frame, FrameKind, Mapping
 from .cluster import TABLES as CLUSTERED
 from .intern import MAX_VALUES, Interner, Rows, type_id
 from .leaves import upgrade
@@ -113,17 +113,6 @@ def create_or_upgrade(db: duckdb.DuckDBPyConnection, path: str) -> None:
                            f"not {SCHEMA_VERSION}: a newer collector wrote it")
     db.execute(ROLLUPS)   # (derived: made empty where missing, filled by sealing)
     db.execute(CLUSTERED)
-
-
-def shape_json(t: ProfileType) -> str:
-    return json.dumps([list(map(list, t.sample_types)), list(t.period_type), t.period])
-
-
-def shape_of(text: str) -> ProfileType:
-    types, period_type, period = json.loads(text)
-    sample_types = tuple((a, b) for a, b in types)
-    return ProfileType("", sample_types, (period_type[0], period_type[1]), int(period),
-                       folded_index=len(sample_types) - 1)
 
 
 def one(cur: duckdb.DuckDBPyConnection) -> Any:

@@ -28,7 +28,7 @@ from ..model import MAX_STACK_DEPTH, TRUNCATED
 from ..proto import profile_pb2 as pb
 from ..proto import profilestore_pb2 as ps
 from . import decode
-from .store import StoredProfile
+from .rows import StoredProfile
 
 #: What a bad deflate stream raises (isal's stubs type it as an instance).
 INFLATE_ERROR = cast(type[Exception], isal_zlib.error)

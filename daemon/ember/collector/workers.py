@@ -48,8 +48,7 @@ from typing import NamedTuple
 from ..encode.pprof import profile_shape
 from ..proto import profilestore_pb2 as ps
 from .intern import Interner, Rows
-from .rows import StoredProfile
-from .tables import shape_json
+from .rows import StoredProfile, shape_json
 from .validate import InvalidRequest, Limits, check_request, check_series_count
 
 log = logging.getLogger(__name__)
