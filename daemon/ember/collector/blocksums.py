@@ -29,8 +29,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..cache import BoundedCache
-
-_INT64_MAX = (1 << 63) - 1
+from . import scatter
 
 
 @dataclass(frozen=True)
@@ -124,15 +123,8 @@ def add_up(parts: Sequence[Part], columns: int) -> tuple[npt.NDArray[np.uint32],
     present = np.flatnonzero(seen)
     out = []
     for c in range(columns):
-        if sum(float(p.sums[c].sum(dtype=np.float64)) for p in live) < 2.0**62:
-            acc = np.zeros(top, np.int64)   # (no sum can leave int64: added as they are)
-            for p in live:
-                np.add.at(acc, p.leaf, p.sums[c])
-            out.append(acc[present])
-            continue
-        wide = np.zeros(top, np.uint64)     # two sums below 2^63 fit in 64 bits unsigned
+        acc = np.zeros(top, np.int64)
         for p in live:
-            wide[p.leaf] = np.minimum(wide[p.leaf] + p.sums[c].astype(np.uint64),
-                                      np.uint64(_INT64_MAX))
-        out.append(wide[present].astype(np.int64))
+            scatter.add_at(acc, p.leaf, p.sums[c])
+        out.append(acc[present])
     return present.astype(np.uint32), out

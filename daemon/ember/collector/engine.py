@@ -2,8 +2,9 @@
 
 Every stored (thread name, stack) is a leaf of one tree of names, the
 ``Index`` (index.py). A query's samples, summed per (thread, stack) by the store,
-become self values at their leaves; one pass per depth adds each level into
-its parents, and the flame graph, the table, search and zoom all read
+become self values at their leaves; each node's total is then added into
+its parent's, from the last node up (scatter.py: every node's parent is an
+earlier node), and the flame graph, the table, search and zoom all read
 those two arrays (``Tree``):
 
 - a pruned tree: the nodes worth drawing (at least ``1/max_nodes`` of the
@@ -29,6 +30,7 @@ import numpy.typing as npt
 
 from ..flamegraph import svg
 from ..httpserve import check_cancelled
+from . import scatter
 from .index import Index, Nodes
 from .store import Aggregate
 
@@ -59,18 +61,16 @@ class Tree:
               sample_types: tuple[tuple[str, str], ...] = ()) -> Tree:
         leaves = index.leaves(agg)
         parent = index.arrays()[0]
-        n = len(parent)
         values = agg.sums(value)
-        # sums past int64 saturate (the arithmetic goes to floats only then)
-        wide = bool(len(values)) and float(np.abs(values.astype(np.float64)).sum()) >= 2.0**62
-        kind = np.float64 if wide else np.int64
-        self_w: npt.NDArray[Any] = np.zeros(n, kind)
-        np.add.at(self_w, leaves, values.astype(kind))
-        total_w = _totals(index, self_w, parent)
-        if wide:
-            return cls(index, _saturated(total_w), agg.profiles, unit, offcpu, scale,
-                       sample_types, _saturated(self_w))
-        return cls(index, total_w, agg.profiles, unit, offcpu, scale, sample_types)
+        own = np.zeros(len(parent), np.int64)
+        # sums past int64 saturate; a saturated total no longer gives its
+        # node's own value back (total less children), so that is kept
+        wide = scatter.add_at(own, leaves, values) >= 2.0**62
+        total = own.copy() if wide else own
+        check_cancelled()
+        scatter.roll_up(total, parent, index.levels)
+        return cls(index, total, agg.profiles, unit, offcpu, scale, sample_types,
+                   own if wide else None)
 
     @property
     def nbytes(self) -> int:
@@ -101,10 +101,9 @@ class Tree:
         """Each node's own value: its total less its children's."""
         if self.own is not None:
             return self.own
-        below = np.zeros(len(self.total), np.int64)
-        np.add.at(below, self.parent[1:], self.total[1:])
-        out: npt.NDArray[np.int64] = self.total - below
-        return out
+        out = np.zeros(len(self.total), np.int64)
+        scatter.add_at(out, self.parent[1:], self.total[1:])
+        return np.subtract(self.total, out, out=out)
 
     def slid(self, gained: Aggregate, lost: Aggregate | None, value: int) -> Tree | None:
         """This tree with the sums of ``gained`` added and of ``lost`` taken
@@ -165,7 +164,14 @@ class Tree:
         if focus:
             mask &= self.subtree(focus)
         mask[focus] = True
-        cand = np.flatnonzero(mask)
+        # the widest are among the nodes of at least 1/max_nodes of the focus
+        # when those are enough (at most max_nodes a depth: a few times
+        # max_nodes, not the 500,000 of a host's hour), and partitioned there
+        floor = abs(int(self.total[focus])) // max_nodes
+        wide = mask & ((self.total >= floor) | (self.total <= -floor))
+        cand = np.flatnonzero(wide)
+        if len(cand) < max_nodes:
+            cand = np.flatnonzero(mask)
         if len(cand) > max_nodes:
             totals = np.abs(self.total[cand])
             floor = np.partition(totals, len(cand) - max_nodes)[len(cand) - max_nodes]
@@ -321,18 +327,6 @@ class Tree:
         return sandwich(self, name, max_nodes)
 
 
-def _totals(index: Index, self_w: npt.NDArray[Any], parent: Nodes) -> npt.NDArray[Any]:
-    """Each node's total: its self value and its descendants', one pass
-    per depth from the leaves up."""
-    n = len(self_w)
-    total: npt.NDArray[Any] = self_w.copy()
-    for level in reversed(index.levels()[1:]):
-        check_cancelled()
-        level = level[level < n]
-        np.add.at(total, parent[level], total[level])
-    return total
-
-
 def _add_up(total: npt.NDArray[np.int64], parent: Nodes, nodes: Nodes,
             delta: npt.NDArray[np.int64]) -> None:
     """``delta`` added to the totals of ``nodes`` and of all their
@@ -347,15 +341,6 @@ def _add_up(total: npt.NDArray[np.int64], parent: Nodes, nodes: Nodes,
         up = parent[nodes]
         keep = up >= 0
         nodes, delta = up[keep], summed[keep]
-
-
-def _saturated(a: npt.NDArray[Any]) -> npt.NDArray[np.int64]:
-    limit = float(np.iinfo(np.int64).max)
-    out: npt.NDArray[np.int64] = np.clip(a, -limit - 1, np.nextafter(limit, 0)).astype(np.int64)
-    out[a >= limit] = np.iinfo(np.int64).max
-    return out
-
-
 
 
 def kinds_of(index: Index) -> dict[str, str]:

@@ -91,22 +91,24 @@ class Index:
         return self._ensure(agg.thread, agg.stack)
 
     def _by_leaf_ids(self, ids: npt.NDArray[np.uint32]) -> Nodes:
-        leaf = ids.astype(np.int64)
         with self._lock:
             by_leaf = self._by_leaf
-        nodes = np.full(len(leaf), -1, NODE)
-        inside = leaf < len(by_leaf)
-        nodes[inside] = by_leaf[leaf[inside]]
+        top = int(ids.max(initial=0))
+        if top < len(by_leaf):   # (every id has had its slot: one gather)
+            nodes = by_leaf[ids]
+        else:
+            nodes = np.full(len(ids), -1, NODE)
+            inside = ids < len(by_leaf)
+            nodes[inside] = by_leaf[ids[inside]]
         new = nodes < 0
         if new.any():
             nodes[new] = self._ensure(*self.store.leaves.pairs(ids[new]))
             with self._lock:
-                if len(self._by_leaf) <= int(leaf.max()):
-                    grown = np.full(max(int(leaf.max()) + 1, 2 * len(self._by_leaf)), -1,
-                                    NODE)
+                if len(self._by_leaf) <= top:
+                    grown = np.full(max(top + 1, 2 * len(self._by_leaf)), -1, NODE)
                     grown[:len(self._by_leaf)] = self._by_leaf
                     self._by_leaf = grown
-                self._by_leaf[leaf[new]] = nodes[new]
+                self._by_leaf[ids[new]] = nodes[new]
         return nodes
 
     def _ensure(self, thread: npt.NDArray[np.uint64],

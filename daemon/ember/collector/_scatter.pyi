@@ -1,0 +1,6 @@
+"""Sums scattered by index, in C (_scatter.c)."""
+
+from typing_extensions import Buffer
+
+def add_at(out: Buffer, index: Buffer, values: Buffer, seen: Buffer | None = None) -> float: ...
+def roll_up(total: Buffer, parent: Buffer, /) -> None: ...

@@ -1,0 +1,154 @@
+"""The scattered sums (collector/scatter.py): the C loops and their numpy
+forms give the same answers, exact to the last unit, as Python's integers
+summed one addition at a time, each saturating at the int64 limits."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+from ember.collector import leaves, scatter
+
+MAX, MIN = (1 << 63) - 1, -(1 << 63)
+
+
+@pytest.fixture(params=["c", "numpy"])
+def backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    if request.param == "numpy":
+        monkeypatch.setattr(scatter, "_scatter", None)
+        monkeypatch.setattr(scatter, "IN_C", False)
+    else:
+        assert scatter.IN_C
+    yield request.param
+
+
+def test_the_c_loops_were_built() -> None:
+    """The set-up installs a compiler and Python's headers (the build is
+    optional: a failure would be silent)."""
+    import ember.collector._scatter  # noqa: F401
+
+
+def reference_add_at(out: list[int], index: list[int], values: list[int]) -> None:
+    for i, v in zip(index, values, strict=True):
+        out[i] = min(max(out[i] + v, MIN), MAX)
+
+
+@pytest.mark.parametrize("dtype", [np.uint32, np.int32, np.int64])
+@pytest.mark.parametrize("scale", ["small", "extreme", "mixed"])
+def test_add_at_sums_as_python_does_one_addition_at_a_time(backend: str, dtype: type,
+                                                           scale: str) -> None:
+    rng = np.random.default_rng(hash((str(dtype), scale)) & 0xFFFF)
+    n, m = 20_000, 300
+    index = rng.integers(0, m - 1, n).astype(dtype)   # (the last sum: never indexed)
+    if scale == "small":
+        values = rng.integers(0, 1000, n)
+    elif scale == "extreme":
+        values = rng.integers(1 << 60, MAX, n, dtype=np.int64)
+    else:   # both signs, some past either limit, in an order the sums depend on
+        values = rng.integers(MIN, MAX, n, dtype=np.int64)
+    values = values.astype(np.int64)
+    out = rng.integers(-50, 50, m).astype(np.int64)
+    want = out.tolist()
+    reference_add_at(want, index.tolist(), values.tolist())
+    seen = np.zeros(m, bool)
+    size = scatter.add_at(out, index, values, seen)
+    assert out.tolist() == want
+    assert seen.tolist() == [i in set(index.tolist()) for i in range(m)]
+    # (the magnitudes' sum, capped at 2^64 - 1)
+    assert size == pytest.approx(min(float(np.abs(values.astype(np.float64)).sum()), 2.0**64),
+                                 rel=1e-9)
+    assert (size >= 2.0**62) == (scale != "small")
+
+
+def test_add_at_refuses_an_index_outside_and_writes_nothing(backend: str) -> None:
+    out = np.arange(10, dtype=np.int64)
+    for bad in ([3, 10], [3, -1]):
+        with pytest.raises(IndexError):
+            scatter.add_at(out, np.array(bad, np.int64), np.array([5, 5], np.int64))
+        assert out.tolist() == list(range(10))
+    with pytest.raises(ValueError, match="2 values for 3 indices"):
+        scatter.add_at(out, np.array([1, 2, 3], np.int64), np.array([5, 5], np.int64))
+    assert out.tolist() == list(range(10))
+
+
+def test_the_c_loop_checks_its_buffers() -> None:
+    from ember.collector import _scatter
+    out = np.zeros(4, np.int64)
+    with pytest.raises(TypeError, match="index: int32, uint32 or int64"):
+        _scatter.add_at(out, np.array([1.0]), np.array([1], np.int64))
+    with pytest.raises(TypeError, match="values: int64"):
+        _scatter.add_at(out, np.array([1], np.int64), np.array([1], np.int32))
+    with pytest.raises(TypeError, match="out: int64"):
+        _scatter.add_at(np.zeros(4), np.array([1], np.int64), np.array([1], np.int64))
+    with pytest.raises(ValueError):   # (read-only)
+        out.flags.writeable = False
+        _scatter.add_at(out, np.array([1], np.int64), np.array([1], np.int64))
+    with pytest.raises(ValueError, match="seen holds 3 bytes for 4 sums"):
+        _scatter.add_at(np.zeros(4, np.int64), np.array([1], np.int64), np.array([1], np.int64),
+                        np.zeros(3, np.uint8))
+
+
+def random_tree(rng: np.random.Generator, n: int) -> np.ndarray:
+    """Parents as the index numbers them: each node's an earlier node."""
+    parent = np.full(n, -1, np.int32)
+    parent[1:] = [int(rng.integers(max(0, i - 40), i)) for i in range(1, n)]
+    return parent
+
+
+@pytest.mark.parametrize("grown", [0, 25])
+def test_roll_up_gives_each_node_its_subtree_s_sum(backend: str, grown: int) -> None:
+    rng = np.random.default_rng(7)
+    parent = random_tree(rng, 2_000 + grown)
+    own = rng.integers(0, 1 << 40, 2_000).astype(np.int64)
+    own[::7] = 0
+    total = own.copy()
+    # (a parent array longer than the totals: the index grew since)
+    scatter.roll_up(total, parent, lambda: levels_of(parent))
+    want = own.tolist()
+    for i in range(len(own) - 1, 0, -1):
+        want[int(parent[i])] += want[i]
+    assert total.tolist() == want
+
+
+def test_roll_up_saturates(backend: str) -> None:
+    parent = np.array([-1, 0, 1, 1, 0], np.int64)
+    total = np.array([0, 5, MAX - 3, 9, MAX], np.int64)
+    scatter.roll_up(total, parent, lambda: levels_of(parent))
+    assert total.tolist() == [MAX, MAX, MAX - 3, 9, MAX]
+
+
+def test_roll_up_refuses_a_parent_that_is_not_an_earlier_node() -> None:
+    from ember.collector import _scatter
+    total = np.arange(4, dtype=np.int64)
+    for parent in ([-1, 0, 3, 1], [-1, 0, -1, 2], [-1, 0, 2, 2]):
+        with pytest.raises(ValueError, match="is not an earlier node"):
+            _scatter.roll_up(total, np.array(parent, np.int32))
+        assert total.tolist() == [0, 1, 2, 3]
+    with pytest.raises(ValueError, match="3 parents for 4 totals"):
+        _scatter.roll_up(total, np.array([-1, 0, 1], np.int32))
+
+
+def levels_of(parent: np.ndarray) -> list[np.ndarray]:
+    depth = np.zeros(len(parent), np.int64)
+    for i in range(1, len(parent)):
+        depth[i] = depth[parent[i]] + 1
+    return [np.flatnonzero(depth == d).astype(np.int32) for d in range(int(depth.max()) + 1)]
+
+
+def test_sums_by_leaf_are_the_same_in_c_and_numpy(monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = np.random.default_rng(11)
+    leaf = rng.integers(0, 5_000, 100_000).astype(np.uint32)
+    values = [rng.integers(0, 1 << 20, len(leaf)).astype(np.int64),
+              rng.integers(0, 1 << 62, len(leaf)).astype(np.int64)]
+    in_c = leaves.sum_by_leaf(leaf, values)
+    monkeypatch.setattr(scatter, "IN_C", False)
+    in_numpy = leaves.sum_by_leaf(leaf, values)
+    assert in_c[0].dtype == in_numpy[0].dtype == np.uint32
+    assert in_c[0].tolist() == in_numpy[0].tolist()
+    for a, b in zip(in_c[1], in_numpy[1], strict=True):
+        assert a.dtype == b.dtype == np.int64
+        assert a.tolist() == b.tolist()
+    # no columns at all: the leaves the rows name
+    assert leaves.sum_by_leaf(leaf, [])[0].tolist() == sorted(set(leaf.tolist()))
