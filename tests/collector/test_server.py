@@ -347,3 +347,35 @@ def test_a_second_collector_on_the_grpc_port_exits_2(tmp_path: Path) -> None:
         assert "Traceback" not in r.stderr
     finally:
         first.close()
+
+
+def test_the_help_of_max_concurrent_writes_states_the_server_s_own_figures() -> None:
+    """The config schema cannot import the collector: its help repeats the
+    threads serving calls and a waiting call's window, and must keep up."""
+    from ember.collector.server import WAITING_WINDOW, WRITE_THREADS
+    from ember.config.options import keys_of
+    doc = next(k.option.doc for k in keys_of(CollectorConfig)
+               if k.name == "max_concurrent_writes")
+    assert f"{WRITE_THREADS} calls are served at once" in doc
+    assert f"holds at most {WAITING_WINDOW >> 10} KB" in doc
+
+
+def test_load_refusals_are_counted_only_where_grpc_shows_its_calls_in_hand() -> None:
+    from ember.collector.server import _LoadRefusals
+    refused: list[int] = []
+    counter = _LoadRefusals(lambda: refused.append(1))
+
+    class State:
+        active_rpc_count, maximum_concurrent_rpcs = 3, 3
+
+    class Server:
+        _state = State()
+
+    assert not counter.watch(object())   # (another gRPC: nothing read, nothing counted)
+    counter.intercept_service(lambda d: d, None)
+    assert refused == []
+    assert counter.watch(Server())
+    counter.intercept_service(lambda d: d, None)         # 3 in hand of 3: refused
+    Server._state.active_rpc_count = 2
+    counter.intercept_service(lambda d: d, None)         # 2 of 3: served
+    assert refused == [1]

@@ -94,13 +94,23 @@ class _LoadRefusals(grpc.ServerInterceptor):  # type: ignore[misc]
     it answers before any of the collector's code runs. gRPC runs
     interceptors under its server's lock, right after comparing its count
     of calls in hand with the limit, so the same comparison here gives the
-    same answer. That count is gRPC's own state (``state``, set once the
-    server exists): where a version lacks it, nothing is counted and the
-    start says so."""
+    same answer. That count is gRPC's own state (``watch``, once the server
+    exists): where a version lacks it, nothing is counted and the start
+    says so."""
 
     def __init__(self, refused: Callable[[], None]) -> None:
         self.state: Any = None
         self._refused = refused
+
+    def watch(self, server: grpc.Server) -> bool:
+        """Read the calls in hand from ``server``'s private state; False
+        (nothing counted) where this gRPC does not keep them there."""
+        state = getattr(server, "_state", None)
+        if isinstance(getattr(state, "active_rpc_count", None), int) and isinstance(
+                getattr(state, "maximum_concurrent_rpcs", None), int):
+            self.state = state
+            return True
+        return False
 
     def intercept_service(self, continuation: Any, details: Any) -> Any:
         st = self.state
@@ -236,11 +246,7 @@ class Collector:
                                                             thread_name_prefix="ember-grpc"),
                                  interceptors=[refusals], options=options,
                                  maximum_concurrent_rpcs=cfg.max_concurrent_writes)
-        state = getattr(self._grpc, "_state", None)
-        if isinstance(getattr(state, "active_rpc_count", None), int) and isinstance(
-                getattr(state, "maximum_concurrent_rpcs", None), int):
-            refusals.state = state
-        else:
+        if not refusals.watch(self._grpc):
             log.warning("collector: this gRPC does not show its calls in hand; writes refused "
                         "for load are not counted here (agents count them)")
         ps_grpc.add_ProfileStoreServiceServicer_to_server(  # type: ignore[no-untyped-call]
