@@ -26,3 +26,16 @@ def memo_kind(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -
     if request.param == "sorted":
         monkeypatch.setattr(memo, "_memo", None)
     return str(request.param)
+
+
+@pytest.fixture(params=["c", "numpy"])
+def scatter_kind(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A test twice: the scattered sums in C (_scatter.c, the installed
+    ones), then in numpy (where they were not built)."""
+    from ember.collector import scatter
+    if request.param == "numpy":
+        monkeypatch.setattr(scatter, "_scatter", None)
+        monkeypatch.setattr(scatter, "IN_C", False)
+    else:
+        assert scatter.IN_C
+    return str(request.param)

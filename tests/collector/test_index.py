@@ -138,9 +138,10 @@ def test_a_pair_asked_for_twice_at_once_is_one_leaf() -> None:
     assert paths(index, store) == expected(store)
 
 
-def test_the_json_written_from_arrays_is_the_nested_tree_s() -> None:
+def test_the_json_written_from_arrays_is_the_nested_tree_s(scatter_kind: str) -> None:
     """Tree.nested_json, which the API serves, against query.tree_json of
-    Tree.nested: whole and zoomed, pruned hard and not at all, scaled."""
+    Tree.nested: whole and zoomed, pruned hard and not at all, scaled (the
+    sums in C and in numpy)."""
     store = Store(":memory:")
     rng = random.Random(21)
     for at in range(6):
@@ -156,4 +157,10 @@ def test_the_json_written_from_arrays_is_the_nested_tree_s() -> None:
             for max_nodes in (1, 2, 7, 40, 20_000):
                 assert tree.nested_json(focus, max_nodes) == tree_json(
                     tree.nested(focus, max_nodes)), (focus, max_nodes)
+        # (both views take their nodes' own values from those nodes alone)
+        every = np.arange(len(tree.total))
+        some = np.sort(np.random.default_rng(value).choice(every, 50, replace=False))
+        for nodes in (every, some, every[:1], every[:0]):
+            assert tree.own_of(nodes).tolist() == tree.self_[nodes].tolist()
+        assert (tree.self_ >= 0).all() and tree.self_.sum() == tree.total[0]
     store.close()

@@ -4,8 +4,6 @@ summed one addition at a time, each saturating at the int64 limits."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import numpy as np
 import pytest
 
@@ -14,14 +12,9 @@ from ember.collector import leaves, scatter
 MAX, MIN = (1 << 63) - 1, -(1 << 63)
 
 
-@pytest.fixture(params=["c", "numpy"])
-def backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    if request.param == "numpy":
-        monkeypatch.setattr(scatter, "_scatter", None)
-        monkeypatch.setattr(scatter, "IN_C", False)
-    else:
-        assert scatter.IN_C
-    yield request.param
+@pytest.fixture
+def backend(scatter_kind: str) -> str:
+    return scatter_kind
 
 
 def test_the_c_loops_were_built() -> None:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import Any
 
 import numpy as np
@@ -104,6 +105,20 @@ class Tree:
         out = np.zeros(len(self.total), np.int64)
         scatter.add_at(out, self.parent[1:], self.total[1:])
         return np.subtract(self.total, out, out=out)
+
+    def own_of(self, nodes: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+        """``self_[nodes]``, from those nodes' children alone: a view of
+        5,000 nodes needs no tree-sized array of own values."""
+        if self.own is not None:
+            return self.own[nodes]
+        slot = np.full(len(self.total), -1, np.int32)
+        slot[nodes] = np.arange(len(nodes), dtype=np.int32)
+        up = slot[self.parent[1:]]
+        kids = np.flatnonzero(up >= 0)
+        below = np.zeros(len(nodes), np.int64)
+        scatter.add_at(below, up[kids], self.total[1:][kids])
+        out: npt.NDArray[np.int64] = self.total[nodes] - below
+        return out
 
     def slid(self, gained: Aggregate, lost: Aggregate | None, value: int) -> Tree | None:
         """This tree with the sums of ``gained`` added and of ``lost`` taken
@@ -191,7 +206,7 @@ class Tree:
         names = self.index.names
         for node, nid, value, own, up in zip(
                 kept.tolist(), self.name[kept].tolist(), self.total[kept].tolist(),
-                self.self_[kept].tolist(), self.parent[kept].tolist(), strict=True):
+                self.own_of(kept).tolist(), self.parent[kept].tolist(), strict=True):
             item: dict[str, Any] = {"name": names[nid] if node else "all",
                                     "value": value // self.scale, "self": own // self.scale,
                                     "children": []}
@@ -210,7 +225,7 @@ class Tree:
         kept = self.kept(focus, max_nodes)
         n = len(kept)
         value = (self.total[kept] // self.scale).tolist()
-        own = (self.self_[kept] // self.scale).tolist()
+        own = (self.own_of(kept) // self.scale).tolist()
         nids = self.name[kept]
         names = self.index.json_names(nids)
         if kept[0] == focus:
@@ -233,22 +248,30 @@ class Tree:
         attached = np.flatnonzero(np.array(reach) & (up >= 0))
         order = attached[np.lexsort((rank[nids[attached]],
                                      -np.array(value, np.int64)[attached], up[attached]))]
-        # preorder: each node's path of sibling ranks from the focus, sorted
-        sibling = np.zeros(n, np.int64)
-        if len(order):
-            ups = up[order]
-            first = np.r_[True, ups[1:] != ups[:-1]]
-            starts = np.flatnonzero(first)
-            sibling[order] = np.arange(len(order)) - np.repeat(starts, np.diff(np.r_[starts,
-                                                                                     len(order)]))
-        depth = self.depth[kept] - self.depth[kept[0]]
-        paths = np.zeros((n, int(depth.max(initial=0)) + 1), np.int64)
-        for d in range(1, paths.shape[1]):
-            at_d = np.flatnonzero((depth == d) & (up >= 0))
-            paths[at_d] = paths[up[at_d]]
-            paths[at_d, d] = sibling[at_d] + 1
+        # preorder: a node's place is its parent's + 1 + the sizes of the
+        # subtrees of the siblings before it (kept is by depth, so a parent
+        # comes before its children, as roll_up needs)
         shown = np.r_[[0], order]
-        pre = shown[np.lexsort(paths[shown].T[::-1])]
+        depth = self.depth[kept] - self.depth[kept[0]]
+        size = np.zeros(n, np.int64)
+        size[shown] = 1
+        up_or_focus = np.maximum(up, 0)   # (the focus, and nodes not shown: size 0)
+        bounds = np.searchsorted(depth, np.arange(int(depth.max(initial=0)) + 2))
+        scatter.roll_up(size, up_or_focus,
+                        lambda: [np.arange(lo, hi) for lo, hi in pairwise(bounds)])
+        offset = np.zeros(n, np.int64)
+        if len(order):
+            sizes = size[order]
+            before = np.cumsum(sizes) - sizes
+            ups = up[order]
+            starts = np.flatnonzero(np.r_[True, ups[1:] != ups[:-1]])
+            offset[order] = before - np.repeat(before[starts],
+                                               np.diff(np.r_[starts, len(order)]))
+        place = np.zeros(n, np.int64)
+        for lo, hi in pairwise(bounds[1:]):   # a depth at a time, below the focus
+            place[lo:hi] = place[up_or_focus[lo:hi]] + 1 + offset[lo:hi]
+        pre = np.empty(len(shown), np.int64)
+        pre[place[shown]] = shown
         # after each node, its subtree closes as deep as the next one starts
         d = depth[pre]
         closes = np.r_[d[:-1] - d[1:] + 1, d[-1] + 1] if len(pre) else np.zeros(0, np.int64)
