@@ -8,6 +8,7 @@ test` sets as root, so CI cannot silently skip them).
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -66,14 +67,22 @@ class Workload:
 
 
 @pytest.fixture
-def start_workload(fixture_bin: Path) -> Iterator[object]:
+def start_workload(fixture_bin: Path, tmp_path: Path) -> Iterator[object]:
     started: list[Workload] = []
 
     # (``seconds`` is each workload's own lifetime, a guard only: it is
     # killed when the test ends. On a loaded machine, compiling the BPF
-    # programs twice took longer than the 30 s it once was)
-    def start(name: str, seconds: float = 300, *args: str) -> Workload:
-        proc = subprocess.Popen([str(fixture_bin / name), str(seconds), *args],
+    # programs twice took longer than the 30 s it once was. ``comm``: a
+    # copy of the program under that name, for a test that picks processes
+    # by name: a workload another run left behind, or another test's, has
+    # the program's own name)
+    def start(name: str, seconds: float = 300, *args: str, comm: str | None = None
+              ) -> Workload:
+        exe = fixture_bin / name
+        if comm is not None:
+            (tmp_path / "comm").mkdir(exist_ok=True)
+            exe = Path(shutil.copy2(exe, tmp_path / "comm" / comm))
+        proc = subprocess.Popen([str(exe), str(seconds), *args],
                                 stdout=subprocess.PIPE, text=True)
         w = Workload(proc)
         started.append(w)

@@ -182,7 +182,10 @@ def stored_pids(c: Collector) -> set[str]:
 def test_comm_and_cgroup_targets_filter_in_the_kernel(start_workload, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     from ember.agent.targets import cgroup2_root
 
-    shares, pie, other = (start_workload("cpu_shares"), start_workload("pie_main"),
+    # (named for this test alone: a cpu_shares left running by another
+    # run matched ^cpu_shares$ and was profiled too)
+    comm = f"shares{os.getpid()}"[:15]
+    shares, pie, other = (start_workload("cpu_shares", comm=comm), start_workload("pie_main"),
                           start_workload("cpp_names"))
     cgroup = cgroup2_root() / f"ember-test-{os.getpid()}"
     cgroup.mkdir()
@@ -192,7 +195,7 @@ def test_comm_and_cgroup_targets_filter_in_the_kernel(start_workload, tmp_path: 
         c = collector_at(tmp_path, port)
         try:
             cfg = agent_cfg(tmp_path, port, shares.pid, offcpu=False,
-                            targets=Targets(comm=("^cpu_shares$",),
+                            targets=Targets(comm=(f"^{comm}$",),
                                             cgroups=(f"/{cgroup.name}",)))
             with running_agent(cfg) as agent:
                 time.sleep(3)
