@@ -113,18 +113,4 @@ def add_up(parts: Sequence[Part], columns: int) -> tuple[npt.NDArray[np.uint32],
                                                           list[npt.NDArray[np.int64]]]:
     """The parts summed per leaf: the leaves of any (ascending) and each
     column's sums, saturated at 2^63 - 1 as the store's own sums are."""
-    live = [p for p in parts if len(p.leaf)]
-    if not live:
-        return np.zeros(0, np.uint32), [np.zeros(0, np.int64) for _ in range(columns)]
-    top = max(int(p.leaf.max()) for p in live) + 1
-    seen = np.zeros(top, bool)
-    for p in live:
-        seen[p.leaf] = True
-    present = np.flatnonzero(seen)
-    out = []
-    for c in range(columns):
-        acc = np.zeros(top, np.int64)
-        for p in live:
-            scatter.add_at(acc, p.leaf, p.sums[c])
-        out.append(acc[present])
-    return present.astype(np.uint32), out
+    return scatter.sum_per_index([(p.leaf, p.sums) for p in parts], columns)

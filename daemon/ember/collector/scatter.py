@@ -62,6 +62,26 @@ def add_at(out: I64, index: npt.NDArray[Any], values: I64,
     return size
 
 
+def sum_per_index(parts: Sequence[tuple[npt.NDArray[np.uint32], Sequence[I64]]], columns: int
+                  ) -> tuple[npt.NDArray[np.uint32], list[I64]]:
+    """Several (indices, a values array per column) summed per index: the
+    indices any part names (ascending), and each column's sums at them
+    (``add_at``'s: exact, saturating)."""
+    live = [(ix, sums) for ix, sums in parts if len(ix)]
+    if not live:
+        return np.zeros(0, np.uint32), [np.zeros(0, np.int64) for _ in range(columns)]
+    top = max(int(ix.max()) for ix, _ in live) + 1
+    seen = np.zeros(top, bool)
+    accs = [np.zeros(top, np.int64) for _ in range(columns)]
+    for ix, sums in live:
+        if not columns:
+            seen[ix] = True
+        for c, acc in enumerate(accs):   # (the first column's loop marks the indices)
+            add_at(acc, ix, sums[c], seen if c == 0 else None)
+    present = np.flatnonzero(seen)
+    return present.astype(np.uint32), [acc[present] for acc in accs]
+
+
 def roll_up(total: I64, parent: npt.NDArray[Any], levels: Callable[[], Sequence[Nodes]]
             ) -> None:
     """Each node's total added into its parent's, from the last node up,
