@@ -438,7 +438,8 @@ class CollectorMetrics:
                                  "API cache (collector_trees: merged trees; collector_windows: "
                                  "the latest tree per query, to slide; collector_sums: merged "
                                  "sums; collector_block_sums: sealed blocks' sums; "
-                                 "collector_answers: answers)", ["cache"], registry=r)
+                                 "collector_answers: answers; collector_arrays: freed large "
+                                 "arrays kept for the next query)", ["cache"], registry=r)
         self.cache_evictions = Counter("ember_collector_cache_evictions_total", "Entries a query "
                                        "API cache gave up to stay in bounds", ["cache"], registry=r)
         self.sealed = Counter("ember_collector_blocks_sealed_total", "Blocks of a profile type "

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from ember import cache
+from ember.collector import arena
 from ember.collector.cache import Cache
 from ember.collector.server import Collector
 from ember.config import CollectorConfig
@@ -121,7 +122,8 @@ def test_the_collector_reports_its_caches(tmp_path: Path) -> None:
         shown = {line.split('"')[1]: int(float(line.split()[-1])) for line in text.splitlines()
                  if line.startswith("ember_collector_cache_bytes{")}
         assert shown == {name: size for name, (size, _) in cache.sizes().items()
-                         if name.startswith("collector_")}
+                         if name.startswith("collector_")} | {
+            "collector_arrays": arena.stats().kept_bytes}
         node_bytes = 8 * len(c.api.index)   # the one tree made: its totals
         assert c.api.cache._items.size_bytes() == node_bytes
         assert c.api.windows._latest.size_bytes() == node_bytes

@@ -41,6 +41,7 @@ from ..flamegraph.graphs import diff_graph, graph, hotcold_graph
 from ..flamegraph.inputs import Stacks
 from ..httpserve import Reply, holding
 from ..model import CPU, OFFCPU
+from . import arena
 from .cache import Cache
 from .engine import DEFAULT_NODES, MAX_NODES, Tree, kinds_of
 from .index import Index
@@ -165,6 +166,7 @@ class Api:
             "/api/v1/types": self._types}
 
     def handle(self, path: str, q: Query) -> Reply:
+        arena.use()   # (large arrays kept for the next request: arena.py)
         route = self._route(path)
         if route is None:
             return error(404, f"no such endpoint: {path}")

@@ -39,7 +39,7 @@ from ..httpserve import Reply, Server, serve
 from ..metrics import CollectorMetrics
 from ..proto import profilestore_pb2 as ps
 from ..proto import profilestore_pb2_grpc as ps_grpc
-from . import index_file, web
+from . import arena, index_file, web
 from .api import Api, error
 from .intern import Rows
 from .store import Store
@@ -395,8 +395,8 @@ class Collector:
         return self.api.handle(path, query)
 
     def _report_caches(self) -> None:
-        """The query API caches' bytes and evictions, and the interned
-        tables' rows, into the metrics."""
+        """The query API caches' bytes and evictions (and the freed arrays
+        kept: arena.py), and the interned tables' rows, into the metrics."""
         st = self.store
         for table, n in (("threads", len(st.interner.threads)), ("series", st.series_count()),
                          ("stacks", len(st.interner.stacks)), ("frames", len(st.interner.frames)),
@@ -408,6 +408,8 @@ class Collector:
                 self.metrics.cache_evictions.labels(name).inc(
                     max(0, evicted - self._evicted.get(name, 0)))
                 self._evicted[name] = evicted
+        # (freed large arrays kept for the next query: bounded, not a cache of values)
+        self.metrics.cache_bytes.labels("collector_arrays").set(arena.stats().kept_bytes)
 
     def _serve_http(self) -> None:
         tls = None
