@@ -434,12 +434,11 @@ class CollectorMetrics:
             "Merged trees the query API made, by how (merged: summed from the stored rows; "
             "slid: the last tree of the same query and range length moved on in time)",
             ["how"], registry=r)
-        self.cache_bytes = Gauge("ember_collector_cache_bytes", "Approximate size of each query "
-                                 "API cache (collector_trees: merged trees; collector_windows: "
-                                 "the latest tree per query, to slide; collector_sums: merged "
-                                 "sums; collector_block_sums: sealed blocks' sums; "
-                                 "collector_answers: answers; collector_arrays: freed large "
-                                 "arrays kept for the next query)", ["cache"], registry=r)
+        self.cache_bytes = Gauge("ember_collector_cache_bytes", (
+            "Approximate size of each query API cache (collector_trees: merged trees; "
+            "collector_windows: the latest tree per query, to slide; collector_sums: merged sums; "
+            "collector_block_sums: sealed blocks' sums; collector_answers: answers; "
+            "collector_arrays: freed large arrays kept for the next query)"), ["cache"], registry=r)
         self.cache_evictions = Counter("ember_collector_cache_evictions_total", "Entries a query "
                                        "API cache gave up to stay in bounds", ["cache"], registry=r)
         self.sealed = Counter("ember_collector_blocks_sealed_total", "Blocks of a profile type "
