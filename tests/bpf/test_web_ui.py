@@ -132,6 +132,11 @@ def test_ui_zoom_search_offcpu_and_diff(filled_collector, tmp_path: Path) -> Non
         page.screenshot(path=str(tmp_path / "search.png"))
         page.fill("#search", "")
         page.press("#search", "Enter")
+        # (the search gone before the switch: a graph drawn with it greys
+        # every frame it does not match, and a clean-clone run saw 707 blue
+        # pixels of the 3,000 asked)
+        page.wait_for_function("document.getElementById('matched').dataset.share === undefined",
+                               timeout=DRAWN_MS)
 
         # switch to off-CPU: a blue graph with the waiting functions
         page.select_option("#type", "offcpu")
