@@ -8,9 +8,8 @@
  * unmapped: a query's arrays of 4-16 MB were fresh mappings every time,
  * each page faulted in again.
  *
- *   handler(): the PyCapsule ("mem_handler") numpy's PyDataMem_SetHandler
- *     takes.
- *   install(): that handler made the calling context's (numpy keeps the
+ *   install(): this allocator (as the "mem_handler" capsule numpy's
+ *     PyDataMem_SetHandler takes) made the calling context's (numpy keeps the
  *     handler in a context variable: each thread sets its own), through
  *     numpy's C API table; True if it was not already.
  *   set_limit(bytes): the most freed bytes kept (0: none kept).
@@ -59,7 +58,8 @@ typedef struct Kept {
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static Kept *kept;                /* freed blocks, newest first */
-static size_t kept_bytes, kept_blocks, mapped_bytes, limit = (size_t)32 << 20;
+static size_t kept_bytes, kept_blocks, mapped_bytes;
+static size_t limit;              /* none kept until set (arena.LIMIT, at import) */
 static unsigned long long reuses, mappings;
 
 static inline size_t *head(void *data) { return (size_t *)((char *)data - HEAD); }
@@ -224,12 +224,6 @@ static void a_free(void *ctx, void *ptr, size_t size)
 static Handler handler_struct = {
     "ember_arena", 1, {NULL, a_malloc, a_calloc, a_realloc, a_free}};
 
-static PyObject *handler(PyObject *self, PyObject *noargs)
-{
-    (void)self;
-    (void)noargs;
-    return PyCapsule_New(&handler_struct, "mem_handler", NULL);
-}
 
 static void **numpy_api(void)
 {
@@ -270,7 +264,7 @@ static PyObject *install(PyObject *self, PyObject *noargs)
         PyErr_Clear();
     if (was == &handler_struct)
         Py_RETURN_FALSE;
-    PyObject *cap = handler(NULL, NULL);
+    PyObject *cap = PyCapsule_New(&handler_struct, "mem_handler", NULL);
     if (cap == NULL)
         return NULL;
     PyObject *old = set(cap);
@@ -311,7 +305,6 @@ static PyObject *stats(PyObject *self, PyObject *noargs)
 }
 
 static PyMethodDef methods[] = {
-    {"handler", handler, METH_NOARGS, "numpy's capsule of this allocator"},
     {"install", install, METH_NOARGS, "this allocator for the calling context's arrays"},
     {"set_limit", set_limit, METH_O, "the most freed bytes kept"},
     {"stats", stats, METH_NOARGS, "(kept bytes, kept blocks, mapped bytes, reuses, mappings)"},
