@@ -745,3 +745,37 @@ def test_timeline_series_per_label_value_and_brush(views: Views) -> None:
     assert other.input_value("#series-by") == "comm"
     other.context.close()
     page.context.close()
+
+
+def test_a_render_while_the_timeline_loads_keeps_the_chart_until_its_answer(views: Views) -> None:
+    page = open_page(views, "?by=comm")
+    drawn(page, "work_b")
+    page.wait_for_function("document.querySelectorAll('#series-legend .series').length >= 3",
+                           timeout=DRAWN_MS)
+    held: list[Any] = []
+
+    def hold(route: Any) -> None:
+        held.append(route)  # let through once the second render is done
+
+    page.route(re.compile(r".*/api/v1/timeline\?.*cpu_shares.*"), hold)
+    # every draw sets the chart's series count: record each one from here on
+    page.evaluate(
+        "window.draws = []; new MutationObserver(rs => rs.forEach(r =>"
+        " window.draws.push(r.target.dataset.series))).observe("
+        "document.getElementById('timeline'),"
+        " {attributes: true, attributeFilter: ['data-series']})")
+    page.locator("#series-legend .series[data-value='cpu_shares']").click()
+    deadline = time.monotonic() + 30
+    while not held and time.monotonic() < deadline:
+        page.wait_for_timeout(100)
+    assert held, "the filtered timeline was never asked for"
+    # another render while that answer is out (any choice renders every view):
+    # the chart waits for its answer rather than drawing the old series again
+    page.click("#top .head button[data-sort='name']")
+    page.wait_for_function("window.ember.state.sort === 'name'")
+    page.wait_for_timeout(500)
+    assert page.evaluate("window.draws") == []
+    held[0].continue_()
+    page.wait_for_function("window.draws.length > 0", timeout=DRAWN_MS)
+    assert set(page.evaluate("window.draws")) == {"1"}
+    page.context.close()

@@ -423,7 +423,9 @@
     var path = "/api/v1/timeline?" + p;
     var f = fetchSlot("timeline", path, path, json);
     if (f) f.then(function (j) { lastRange = j; drawTimeline(); }).catch(quiet);
-    else drawTimeline();
+    // the same range again: drawn anew (the picked part, the theme), unless its
+    // answer is still out; lastRange is then another range's, and the answer draws
+    else if (!slot("timeline").ctl) drawTimeline();
   }
   // [{value, values, total}]: every value of the label, the biggest first,
   // past SERIES_MAX summed as one "other".
