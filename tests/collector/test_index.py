@@ -163,4 +163,14 @@ def test_the_json_written_from_arrays_is_the_nested_tree_s(scatter_kind: str) ->
         for nodes in (every, some, every[:1], every[:0]):
             assert tree.own_of(nodes).tolist() == tree.self_[nodes].tolist()
         assert (tree.self_ >= 0).all() and tree.self_.sum() == tree.total[0]
+    # the index grows after a tree is made: the nodes it gained are no
+    # children of the tree's (they hold nothing in it)
+    write_fleet(store, rng, T0 + 60 * 10**9, pids=(20, 21))
+    more = store.aggregate(0, 1 << 62, selector([]), store.types()[0], by_name=True)
+    assert more is not None
+    index.leaves(more)
+    assert len(index) > len(tree.total)
+    every = np.arange(len(tree.total))
+    assert len(index.children(every)[1]) > len(tree.total) - 1
+    assert tree.own_of(every).tolist() == tree.self_.tolist()
     store.close()

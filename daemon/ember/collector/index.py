@@ -81,6 +81,18 @@ class Index:
         found = _search(self._edges, np.array([parent << 32 | nid], np.uint64))[0]
         return None if found < 0 else int(found)
 
+    def children(self, nodes: npt.NDArray[np.int64]) -> tuple[npt.NDArray[np.intp], Nodes]:
+        """Every child of each of ``nodes``, from the sorted edges (nothing
+        the size of the index): the position in ``nodes`` of each child's
+        parent, and the child."""
+        keys, kids = self._edges
+        first = np.asarray(nodes, np.uint64) << np.uint64(32)
+        lo = np.searchsorted(keys, first)
+        count = np.searchsorted(keys, first + np.uint64(1 << 32)) - lo
+        owner = np.repeat(np.arange(len(count)), count)
+        at = np.arange(len(owner)) + np.repeat(lo - (np.cumsum(count) - count), count)
+        return owner, kids[at]
+
     def leaves(self, agg: Aggregate) -> Nodes:
         """The node of each (thread name, stack) of an aggregate by name:
         by the store's leaf ids, one array lookup, once each id is known."""
