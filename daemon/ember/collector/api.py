@@ -146,8 +146,10 @@ class Api:
         self.on_skip = on_skip  # hears of stored profiles a merge left out
         self.index = Index(store)
         # what is kept is bounded by bytes as well: a tree of a fleet's hour
-        # is 6.4 MB, its sums 22 MB
-        self.cache: Cache[Tree] = Cache("collector_trees", 8, 64 << 20, lambda t: t.nbytes)
+        # is 6.4 MB, its sums 22 MB; with the windows' (which hold trees of
+        # their own) and the kept arrays', 64 MB each took the collector's
+        # peak RSS past 500 MB in some runs of bench/store_engine.py
+        self.cache: Cache[Tree] = Cache("collector_trees", 8, 32 << 20, lambda t: t.nbytes)
         # The sums of a range's one sample type, for the trees that read it
         # (off-CPU's flame graph and table read the same one), asked for at
         # once as a page opens: one merge. Only the type a tree shows is

@@ -45,7 +45,7 @@ class Windows:
     at most ``size`` of them and ``max_bytes`` of their values, the least
     recently slid given up first (the newest stays, however large)."""
 
-    def __init__(self, size: int = 16, max_bytes: int = 64 << 20):
+    def __init__(self, size: int = 16, max_bytes: int = 32 << 20):
         self._latest: BoundedCache[tuple[object, ...], Made] = BoundedCache(
             "collector_windows", size, max_bytes=max_bytes, weigh=lambda m: m.tree.nbytes,
             lru=True, keep=1)
