@@ -37,6 +37,7 @@ import numpy.typing as npt
 
 from ..proto import pprof_tables_pb2 as pt
 from ..proto import profile_pb2 as pb
+from .scatter import ranges
 
 _pprof: ModuleType | None
 try:   # the same reading in C (_pprof.c), built by the install where it can be
@@ -258,8 +259,8 @@ def samples(messages: Sequence[bytes]) -> Samples | None:
     labels = label_sets(buf, at_byte[val_stop], end)
     if labels is None:
         return None
-    return Samples(values[_ranges(loc_first, depth)], depth,
-                   values[_ranges(val_first, width)].view(np.int64), width, *labels)
+    return Samples(values[ranges(loc_first, depth)], depth,
+                   values[ranges(val_first, width)].view(np.int64), width, *labels)
 
 
 def label_sets(buf: bytes, begin: I64, end: I64) -> tuple[I64, list[pb.Sample]] | None:
@@ -307,12 +308,6 @@ def _distinct(buf: bytes, begin: I64, end: I64) -> tuple[list[bytes], I64]:
     _, first, which = np.unique(keys, return_index=True, return_inverse=True)
     return ([buf[a:b] for a, b in zip(begin[first].tolist(), end[first].tolist(), strict=True)],
             which.astype(np.int64).ravel())
-
-
-def _ranges(first: I64, count: I64) -> I64:
-    """The indices first[i], ..., first[i] + count[i] - 1, for each i in turn."""
-    total = int(count.sum())
-    return np.repeat(first - (np.cumsum(count) - count), count) + np.arange(total)
 
 
 @dataclass(frozen=True)

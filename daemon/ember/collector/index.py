@@ -20,6 +20,7 @@ from ..encode.folded import clean
 from ..flamegraph.inputs import _kind
 from ..model import MAX_STACK_DEPTH, TRUNCATED
 from .leaves import leaf_keys
+from .scatter import ranges
 from .store import Aggregate, Store
 from .tables import stack_frames
 
@@ -89,9 +90,7 @@ class Index:
         first = np.asarray(nodes, np.uint64) << np.uint64(32)
         lo = np.searchsorted(keys, first)
         count = np.searchsorted(keys, first + np.uint64(1 << 32)) - lo
-        owner = np.repeat(np.arange(len(count)), count)
-        at = np.arange(len(owner)) + np.repeat(lo - (np.cumsum(count) - count), count)
-        return owner, kids[at]
+        return np.repeat(np.arange(len(count)), count), kids[ranges(lo, count)]
 
     def leaves(self, agg: Aggregate) -> Nodes:
         """The node of each (thread name, stack) of an aggregate by name:

@@ -35,6 +35,7 @@ from ..proto import profile_pb2 as pb
 from . import decode
 from .locations import LocationMemo, RowKey, mix
 from .memo import IdSet, row_bytes
+from .scatter import ranges
 from .stackids import StackIds, stack_digest
 
 #: Values kept per sample (a profile with more sample types is refused).
@@ -251,7 +252,7 @@ class Interner:
         at = smp.locations[::-1].astype(np.int64) - 1
         n = counts[at]
         offsets = np.cumsum(counts) - counts
-        flat = frames[np.repeat(offsets[at] - (np.cumsum(n) - n), n) + np.arange(int(n.sum()))]
+        flat = frames[ranges(offsets[at], n)]
         bound = np.concatenate(([0], np.cumsum(n)))
         # each sample's frames, in the samples' reversed order: flat[b[i]:b[i + 1]]
         b = bound[np.concatenate(([0], np.cumsum(smp.depth[::-1])))]

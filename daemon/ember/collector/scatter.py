@@ -99,6 +99,12 @@ def roll_up(total: I64, parent: npt.NDArray[Any], levels: Callable[[], Sequence[
         add_at(total, np.asarray(parent)[level], total[level])
 
 
+def ranges(first: npt.NDArray[Any], count: npt.NDArray[Any]) -> I64:
+    """The indices first[i], ..., first[i] + count[i] - 1, for each i in turn."""
+    total = int(count.sum())
+    return np.repeat(first - (np.cumsum(count) - count), count) + np.arange(total)
+
+
 def _ints(a: npt.NDArray[Any]) -> npt.NDArray[Any]:
     if a.dtype in (np.uint32, np.int32, np.int64):
         return np.ascontiguousarray(a)
