@@ -715,9 +715,8 @@ def test_timeline_series_per_label_value_and_brush(views: Views) -> None:
     page.wait_for_function("window.ember.state.matchers.includes('comm=cpu_shares')")
     _check(page, c, ["comm=cpu_shares"])
     # a drag on the chart picks that part of the range: the graph shows its total
-    # (the chart is drawn again for the filter, maybe more than once: once from
-    # the answer it had, again from the filtered one, whose one series it waits
-    # for; the box taken between two draws was None)
+    # (the chart is drawn again when the filtered answer comes, with its one
+    # series: the box taken before that draw replaced the chart was None)
     page.wait_for_function(
         "document.getElementById('timeline').dataset.series === '1'"
         " && document.querySelector('#timeline .u-over') !== null", timeout=DRAWN_MS)
