@@ -140,7 +140,12 @@ def test_ui_zoom_search_offcpu_and_diff(filled_collector, tmp_path: Path) -> Non
 
         # switch to off-CPU: a blue graph with the waiting functions
         page.select_option("#type", "offcpu")
+        # (wait_sleep can be a frame of the CPU graph too: a clean-clone run's
+        # screenshot showed that graph under "Loading...", 832 blue pixels)
         wait_frame(page, "wait_sleep")
+        page.wait_for_function(
+            "document.getElementById('loading').classList.contains('hidden')"
+            " && window.ember.state.type === 'offcpu'", timeout=DRAWN_MS)
         assert "Off-CPU" in page.inner_text("#subtitle")
         shot = page.screenshot(path=str(tmp_path / "offcpu.png"))
         _, _, blue = colours(shot)
