@@ -778,3 +778,52 @@ def test_a_render_while_the_timeline_loads_keeps_the_chart_until_its_answer(view
     page.wait_for_function("window.draws.length > 0", timeout=DRAWN_MS)
     assert set(page.evaluate("window.draws")) == {"1"}
     page.context.close()
+
+
+def test_a_render_while_the_graph_and_table_load_keeps_them_until_their_answers(
+        views: Views) -> None:
+    page = open_page(views)
+    drawn(page, "work_b")
+    page.wait_for_function("document.querySelectorAll('#top-rows .row').length > 0",
+                           timeout=DRAWN_MS)
+    held: dict[str, Any] = {}
+
+    def hold(route: Any) -> None:  # let through once the renders below are done
+        held["top" if "/top?" in route.request.url else "tree"] = route
+
+    page.route(re.compile(r".*/api/v1/tree\?.*type=offcpu.*max_nodes=5000.*"), hold)
+    page.route(re.compile(r".*/api/v1/top\?.*type=offcpu.*"), hold)
+    # every draw from here on: the graph's User Timing mark, the table's rows
+    marks = "performance.getEntriesByName('ember:graph').length"
+    page.evaluate(
+        "performance.clearMarks('ember:graph'); window.rows = 0;"
+        " new MutationObserver(() => window.rows++).observe("
+        "document.getElementById('top-rows'), {childList: true})")
+
+    def asked(view: str) -> None:
+        deadline = time.monotonic() + 30
+        while view not in held and time.monotonic() < deadline:
+            page.wait_for_timeout(100)
+        assert view in held, f"the off-CPU {view} was never asked for"
+
+    page.select_option("#type", "offcpu")
+    asked("tree")
+    # renders while the answers are out (any choice renders every view): the
+    # CPU graph and rows stay as they were, not drawn again under the
+    # off-CPU type's name. The table is asked once the graph is answered, or
+    # at the next render: the first sort asks it, the second comes while
+    # both are out.
+    page.click("#top .head button[data-sort='name']")
+    page.wait_for_function("window.ember.state.sort === 'name'")
+    asked("top")
+    page.click("#top .head button[data-sort='name']")
+    page.wait_for_function("window.ember.state.rev === true")
+    page.wait_for_timeout(500)
+    assert page.evaluate(marks) == 0
+    assert page.evaluate("window.rows") == 0
+    for route in held.values():
+        route.continue_()
+    page.wait_for_function(f"{marks} > 0 && window.rows > 0", timeout=DRAWN_MS)
+    drawn(page)
+    assert "samples" not in page.inner_text("#subtitle")  # off-CPU time, not CPU samples
+    page.context.close()

@@ -201,6 +201,10 @@
       throw e;
     });
   }
+  // Whether the view's answer is still out. Until it comes, what the view
+  // holds answers an older question: drawn again with the new choices (a
+  // zoom's crumbs, a type's name) it would show a view nobody asked for.
+  function answerOut(name) { return slots[name] ? slots[name].ctl !== null : false; }
   function dropSlots() {
     Object.keys(slots).forEach(function (k) {
       var s = slots[k];
@@ -425,7 +429,7 @@
     if (f) f.then(function (j) { lastRange = j; drawTimeline(); }).catch(quiet);
     // the same range again: drawn anew (the picked part, the theme), unless its
     // answer is still out; lastRange is then another range's, and the answer draws
-    else if (!slot("timeline").ctl) drawTimeline();
+    else if (!answerOut("timeline")) drawTimeline();
   }
   // [{value, values, total}]: every value of the label, the biggest first,
   // past SERIES_MAX summed as one "other".
@@ -558,7 +562,10 @@
     if (state.search) p.set("search", state.search);
     var path = "/api/v1/tree?" + p;
     f = fetchSlot("graph", path, path, json);
-    if (!f) { drawGraph(); return; } // the same data: the view mode may have changed
+    // the same question: drawn anew (the view mode may have changed), unless
+    // its answer is out and the graph holds another's (early() may have drawn
+    // this one's from what the page had)
+    if (!f) { if (!answerOut("graph") || asked(graphData)) drawGraph(); return; }
     graphAsked = f;
     loading(true);
     early(path);
@@ -584,6 +591,9 @@
       this.paths.push(path); this.answers.push(j);
       if (this.paths.length > 8) { this.paths.shift(); this.answers.shift(); }
     } };
+  function asked(j) { // the graph's data answers the current question
+    return !!j && j.query === params().toString() && j.focus === state.focus.join(";");
+  }
   function early(path) {
     var j = recent.get(path), was = graphData;
     if (!j && was && was.query === params().toString()) {
@@ -768,8 +778,9 @@
     $("search").disabled = false;
     setBlob($("flame"), null);
     if (!state.fn) {
-      slot("graph").key = null;
-      if (slot("graph").ctl) { slot("graph").ctl.abort(); slot("graph").seq++; }
+      var s = slot("graph");
+      s.key = null;
+      if (s.ctl) { s.ctl.abort(); s.seq++; s.ctl = null; }
       swData = null; graphData = null;
       drawGraph();
       message("Choose a function: the \u21c5 button of a row in the top functions table " +
@@ -779,7 +790,7 @@
     var p = params({ type: dataType(), name: state.fn, max_nodes: MAX_NODES });
     var path = "/api/v1/sandwich?" + p;
     var f = fetchSlot("graph", path, path, json);
-    if (!f) { drawGraph(); return; }
+    if (!f) { if (!answerOut("graph")) drawGraph(); return; }
     loading(true);
     f.then(function (j) {
       loading(false); message(""); status("");
@@ -879,7 +890,7 @@
     var sort = state.sort === "name" ? "self" : state.sort;
     var path = "/api/v1/top?" + params({ type: dataType(), sort: sort, limit: TOP_LIMIT });
     var f = fetchSlot("top", path, path, json);
-    if (!f) { drawTop(); return; }
+    if (!f) { if (!answerOut("top")) drawTop(); return; }
     f.then(function (j) { topData = j; drawTop(); }).catch(function (e) {
       if (e.message === SILENT) return;
       topData = null; drawTop();
