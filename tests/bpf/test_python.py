@@ -235,8 +235,14 @@ def test_blocked_python_threads_show_the_function_that_waits(pipeline: Pipeline)
 @pytest.mark.parametrize("label", ["pyenv-3.10", "pyenv-3.12", "pyenv-3.13"])
 def test_shares_side_by_side_with_py_spy(label: str) -> None:
     """py-spy (0.4) reads the interpreter's memory from user space; on the
-    same seconds of the same process, the shares agree within 3 points
-    (py-spy 0.4.3 cannot read Debian's 3.11.2: not compared there)."""
+    same seconds of the same process, the shares agree within the sampling
+    error (at least 3 points), plus py-spy's own distance from the CPU time
+    the workers measured. py-spy samples by the wall clock: a thread that
+    waits for a CPU still counts, so on a busy machine its share moves off
+    that truth (beside two CPU-bound loops, stage_parse came out 2.3 points
+    low on average over 15 runs, against 0.5 on an idle machine; ember's
+    own error stayed within its sampling error). py-spy 0.4.3 cannot read
+    Debian's 3.11.2: not compared there."""
     exe = PYTHONS[label]
     spy = ROOT / ".venv" / "bin" / "py-spy"
     if exe is None or not exe.exists():
@@ -253,7 +259,7 @@ def test_shares_side_by_side_with_py_spy(label: str) -> None:
                                    "--rate", "199", "--nonblocking", "--format", "raw",
                                    "-o", str(out)], stdout=subprocess.DEVNULL,
                                   stderr=subprocess.PIPE, text=True)
-        profile, *_ = on_cpu(p, seconds=6)
+        profile, truth, *_ = on_cpu(p, seconds=6)
         _, err = spying.communicate(timeout=60)
         assert spying.returncode == 0, err
         ours, n = stage_share([s for s in profile.samples if s.pid == proc.pid])
@@ -261,7 +267,10 @@ def test_shares_side_by_side_with_py_spy(label: str) -> None:
         out.unlink()
         # two sampled shares: the standard error of their difference has
         # both samplers' counts in it (n m / (n + m): the one count with it)
-        assert abs(ours - theirs) <= tolerance(theirs, n * m // (n + m), 3), (ours, theirs, n, m)
+        allowed = tolerance(theirs, n * m // (n + m), 3) + abs(theirs - truth)
+        assert abs(ours - theirs) <= allowed, (ours, theirs, truth, n, m)
+        # (and however far py-spy strays, ember stays with the truth)
+        assert abs(ours - truth) <= tolerance(truth, n, 3), (ours, truth, n)
     finally:
         proc.kill()
         proc.wait()
