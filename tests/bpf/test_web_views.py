@@ -780,6 +780,38 @@ def test_a_render_while_the_timeline_loads_keeps_the_chart_until_its_answer(view
     page.context.close()
 
 
+def test_a_busy_collector_is_asked_again_after_its_retry_after(views: Views) -> None:
+    # the collector answers 503 with Retry-After once its query workers and
+    # queue are full (httpserve): the page asks again rather than leaving the
+    # graph with an error and the timeline empty
+    ctx = views.browser.new_context(viewport={"width": 1500, "height": 1000})
+    page = ctx.new_page()
+    asked: dict[str, list[float]] = {"tree": [], "timeline": []}
+
+    def busy(route: Any) -> None:
+        view = "timeline" if "/timeline?" in route.request.url else "tree"
+        asked[view].append(time.monotonic())
+        if len(asked[view]) <= 2:
+            route.fulfill(status=503, headers={"Retry-After": "1"},
+                          content_type="application/json",
+                          body=json.dumps({"error": "busy, try again"}))
+        else:
+            route.continue_()
+
+    page.route(re.compile(r".*/api/v1/tree\?.*max_nodes=5000.*"), busy)
+    page.route(re.compile(r".*/api/v1/timeline\?.*"), busy)
+    page.goto(views.url + "?by=comm")
+    drawn(page, "work_b")
+    page.wait_for_function("document.querySelectorAll('#series-legend .series').length >= 3",
+                           timeout=DRAWN_MS)
+    assert page.inner_text("#graph-message") == ""
+    for view, times in asked.items():
+        assert len(times) == 3, (view, times)  # twice busy, then answered
+        # Retry-After: 1 s, then twice that (each spread up to half as much again)
+        assert times[1] - times[0] >= 0.95 and times[2] - times[1] >= 1.95, (view, times)
+    ctx.close()
+
+
 def test_a_render_while_the_graph_and_table_load_keeps_them_until_their_answers(
         views: Views) -> None:
     page = open_page(views)

@@ -145,8 +145,13 @@
   // A GET of the API, with the token when there is one. A 401 shows the
   // sign-in form; the promise then fails with SILENT, as it does for answers
   // to requests made before a sign-in or sign-out, and for aborted requests.
-  function api(path, signal) {
-    var t = token.get(), gen = generation;
+  // A 503 (the collector has as many queries as it serves and queues) is
+  // asked again after its Retry-After, longer each time and spread, so the
+  // pages waiting do not come back together: the view waits rather than
+  // stays empty. The last answer of BUSY_TRIES is the view's, 503 or not.
+  var BUSY_TRIES = 8, BUSY_MAX_S = 8;
+  function api(path, signal, tried) {
+    var t = token.get(), gen = generation, n = tried || 0;
     var init = { signal: signal };
     if (t) init.headers = { Authorization: "Bearer " + t };
     return fetch(path, init).then(function (r) {
@@ -155,10 +160,28 @@
         askToken(t ? "The collector refused that token. Check it and sign in again." : "");
         throw new Error(SILENT);
       }
+      if (r.status === 503 && n + 1 < BUSY_TRIES) {
+        var after = Math.max(1, Number(r.headers.get("Retry-After")) || 1);
+        var wait = Math.max(after, Math.min(BUSY_MAX_S, after * Math.pow(2, n)));
+        return pause(1000 * wait * (1 + Math.random() / 2), signal).then(function () {
+          if (gen !== generation) throw new Error(SILENT); // signed in or out meanwhile
+          return api(path, signal, n + 1);
+        });
+      }
       return r;
     }, function (e) {
       if (e && e.name === "AbortError") throw new Error(SILENT);
       throw e;
+    });
+  }
+  // Resolves after ms, or fails with SILENT when signal aborts first.
+  function pause(ms, signal) {
+    return new Promise(function (resolve, reject) {
+      if (signal && signal.aborted) { reject(new Error(SILENT)); return; }
+      var timer = setTimeout(resolve, ms);
+      if (signal) signal.addEventListener("abort", function () {
+        clearTimeout(timer); reject(new Error(SILENT));
+      }, { once: true });
     });
   }
   function json(r) {
