@@ -116,13 +116,17 @@ class Census:
             start = abi.Start(ts=start_ns, pid=t.pid, user_stack_id=u, kernel_stack_id=k,
                               stack_epoch=epoch, state=t.state | abi.STATE_BEFORE_START,
                               unwinder=abi.UNWINDER_DWARF, comm=t.comm.encode()[:15])
+            # it ran since the census (so its stack was walked from registers
+            # older than its memory), or it is awake now and waits for a CPU:
+            # its block is over. Not put in then, and looked at again once in
+            # (it may wake meanwhile): taken back before it can switch in and
+            # be charged for it from the start (the second look below comes
+            # after every walk: too late then)
+            if self._woke(t, runs[t.tid]):
+                continue
             if not all([p.put_block(t.tid, start) for p in programs]):
                 continue
-            # it ran since the census (so its stack was walked from registers
-            # older than its memory): its block was over before it went in.
-            # Taken back now, before it can switch in and be charged for it
-            # (the second look below comes after every walk: too late then)
-            if runs[t.tid] is not None and self._runs(t) != runs[t.tid]:
+            if self._woke(t, runs[t.tid]):
                 self._take_back(programs, t.tid, start_ns)
             else:
                 put[t.tid] = t
@@ -140,6 +144,25 @@ class Census:
     def _take_back(programs: Sequence[Program], tid: int, start_ns: int) -> None:
         for p in programs:
             p.take_back_block(tid, start_ns)
+
+    def _woke(self, t: ThreadNow, runs: int | None) -> bool:
+        """Whether the thread has left the block the census saw: it has had
+        a CPU since (schedstat's timeslices moved on from ``runs``) or is
+        running or runnable now. On a busy machine a woken thread can wait
+        hundreds of milliseconds for a CPU; its switch-in would then charge
+        all of it from the start (as the BPF side sees no wakeup of a block
+        put in after it)."""
+        if runs is not None and self._runs(t) != runs:
+            return True
+        return self._state(t) == "R"
+
+    def _state(self, t: ThreadNow) -> str | None:
+        """The thread's state letter now (/proc's stat), None if not known."""
+        try:
+            path = self.procfs.root / str(t.pid) / "task" / str(t.tid) / "stat"
+            return path.read_text().rpartition(")")[2].split()[0]
+        except (OSError, IndexError):
+            return None
 
     def _runs(self, t: ThreadNow) -> int | None:
         """How many times the thread has been given a CPU (schedstat's

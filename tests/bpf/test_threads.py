@@ -180,7 +180,7 @@ def test_python_thread_blocked_since_before_the_start(tmp_path: Path, sample_us:
 #: runs) as blocked since long before, at both its looks: the race of a
 #: thread the census found asleep that wakes before its block goes in and
 #: runs on past the second look. ``EMBER_NO_SCHEDSTAT`` turns off the
-#: daemon's check of schedstat after each put (the test's own check that it
+#: daemon's check of schedstat and of the state after each put (the test's own check that it
 #: fails without it).
 RACED = """
 import dataclasses, os, sys
@@ -201,7 +201,7 @@ def take(self):
 
 threads.Census.take = take
 if os.environ.get("EMBER_NO_SCHEDSTAT"):
-    threads.Census._runs = lambda self, t: None
+    threads.Census._woke = lambda self, t, runs: False
 sys.exit(main(sys.argv[1:]))
 """
 
@@ -212,7 +212,8 @@ def test_a_thread_that_ran_after_the_census_is_not_blocked_since_the_start(
     """Two spinning processes on one CPU, so each is preempted every few
     milliseconds; the census is made to see one of them blocked. None of its
     time is charged as blocked since before the start: schedstat says it got
-    a CPU after the census, so its block is taken back as soon as it is put
+    a CPU after the census, or (a busy machine: it has not had one since)
+    its state is runnable, so its block is taken back as soon as it is put
     in. Before, its first switch-in after a preemption charged the time from
     the start under the stack walked from stale registers (CI's red run of
     400bfb3: 103 ms of a spinning thread, in its nap's kernel stack)."""
