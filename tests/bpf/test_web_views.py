@@ -127,6 +127,16 @@ def views(fixture_bin: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         c.close()
 
 
+@pytest.fixture(autouse=True)
+def _pages_closed(views: Views) -> Iterator[None]:
+    """Each test's pages closed after it, also when it failed before its own
+    close: a page left open goes on asking the shared collector, whose
+    queries are bounded (a busy machine then answers the next tests 503)."""
+    yield
+    for ctx in views.browser.contexts:
+        ctx.close()
+
+
 # --- helpers ---
 
 def api(c: Collector, path: str, **params: str | list[str]) -> Any:
