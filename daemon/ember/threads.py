@@ -111,22 +111,24 @@ class Census:
                    and (t.since_ns is None or t.since_ns < start_ns)]
         runs = {t.tid: self._runs(t) for t in blocked}   # (right after the census)
         for t in blocked:
-            u = self._register(programs, self.user_stack(t) if user else NOT_REQUESTED)
-            k = self._register(programs, t.kernel if kernel else NOT_REQUESTED)
-            start = abi.Start(ts=start_ns, pid=t.pid, user_stack_id=u, kernel_stack_id=k,
-                              stack_epoch=epoch, state=t.state | abi.STATE_BEFORE_START,
-                              unwinder=abi.UNWINDER_DWARF, comm=t.comm.encode()[:15])
+            user_stack = self.user_stack(t) if user else NOT_REQUESTED
             # it ran since the census (so its stack was walked from registers
             # older than its memory), or it is awake now and waits for a CPU:
             # its block is over. Not put in then, and looked at again once in
             # (it may wake meanwhile): taken back before it can switch in and
             # be charged for it from the start (the second look below comes
-            # after every walk: too late then)
+            # after every walk: too late then). Its stacks are registered
+            # only for a block that goes in (and kept after a take-back: the
+            # switch-in may have charged the block with them already)
             if self._woke(t, runs[t.tid]):
                 continue
-            if not all([p.put_block(t.tid, start) for p in programs]):
-                continue
-            if self._woke(t, runs[t.tid]):
+            u = self._register(programs, user_stack)
+            k = self._register(programs, t.kernel if kernel else NOT_REQUESTED)
+            start = abi.Start(ts=start_ns, pid=t.pid, user_stack_id=u, kernel_stack_id=k,
+                              stack_epoch=epoch, state=t.state | abi.STATE_BEFORE_START,
+                              unwinder=abi.UNWINDER_DWARF, comm=t.comm.encode()[:15])
+            if not all([p.put_block(t.tid, start) for p in programs]) \
+                    or self._woke(t, runs[t.tid]):
                 self._take_back(programs, t.tid, start_ns)
             else:
                 put[t.tid] = t
