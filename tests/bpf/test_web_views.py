@@ -19,7 +19,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -210,6 +210,25 @@ def wait_rows(page: Any, first: str) -> None:
         " return r !== null && r.textContent === f; }", arg=first, timeout=DRAWN_MS)
 
 
+def legend(page: Any, n: int) -> None:
+    """Wait until the timeline's legend shows at least n series; a page
+    without the chart library (a copy not set up: make web) says so at once
+    rather than as a timeout."""
+    page.wait_for_function(
+        "n => document.querySelectorAll('#series-legend .series').length >= n"
+        " || typeof window.uPlot !== 'function'", arg=n, timeout=DRAWN_MS)
+    assert page.evaluate("typeof window.uPlot === 'function'"), \
+        "the page has no chart library: /vendor/uPlot.iife.min.js is not built here (make web)"
+
+
+def wait_asked(page: Any, asked: Callable[[], bool], what: str) -> None:
+    """Let the page run until a held route was asked (``asked()``)."""
+    deadline = time.monotonic() + 30
+    while not asked() and time.monotonic() < deadline:
+        page.wait_for_timeout(100)
+    assert asked(), f"{what} was never asked for"
+
+
 def save(v: Views, page: Any, name: str, **kw: Any) -> None:
     """A screenshot for the docs (docs/images/ui-NAME.png), kept with the run's."""
     path = v.shots / f"ui-{name}.png"
@@ -355,10 +374,7 @@ def test_a_late_answer_does_not_overwrite_a_newer_view(views: Views) -> None:
     page.route(re.compile(r".*/api/v1/tree\?.*type=offcpu.*max_nodes=5000.*"), hold)
     page.select_option("#type", "offcpu")
     page.wait_for_function("document.getElementById('loading').offsetParent !== null")
-    deadline = time.monotonic() + 30
-    while not held and time.monotonic() < deadline:
-        page.wait_for_timeout(100)
-    assert held, "the off-CPU graph was never asked for"
+    wait_asked(page, lambda: bool(held), "the off-CPU graph")
     page.select_option("#type", "cpu")
     drawn(page, "work_b")
     # now the older answer arrives: the real off-CPU tree
@@ -704,8 +720,7 @@ def test_timeline_series_per_label_value_and_brush(views: Views) -> None:
     c = views.collector
     page = open_page(views, "?by=comm")
     drawn(page, "work_b")
-    page.wait_for_function("document.querySelectorAll('#series-legend .series').length >= 3",
-                           timeout=DRAWN_MS)
+    legend(page, 3)
     assert page.input_value("#series-by") == "comm"
     assert page.locator("#timeline canvas").count() >= 1  # uPlot drew it
     shown = dict(page.eval_on_selector_all(
@@ -719,9 +734,9 @@ def test_timeline_series_per_label_value_and_brush(views: Views) -> None:
     for value, total in shown.items():
         tree = api(c, "/api/v1/tree", type="cpu", match=f"comm={value}", max_nodes="1", **span)
         assert total == tree["total"], (value, total, tree["total"])
-    legend = page.locator("#series-legend .series").all()
+    buttons = page.locator("#series-legend .series").all()
     assert sum(sum(s["values"]) for s in answer["series"]) == sum(
-        int(b.get_attribute("data-total") or 0) for b in legend)
+        int(b.get_attribute("data-total") or 0) for b in buttons)
     # a value's button filters on it
     page.locator("#series-legend .series[data-value='cpu_shares']").click()
     page.wait_for_function("window.ember.state.matchers.includes('comm=cpu_shares')")
@@ -751,8 +766,7 @@ def test_timeline_series_per_label_value_and_brush(views: Views) -> None:
         arg=want, timeout=DRAWN_MS)
     # a new page with the URL: the same series and range
     other = open_page(views, page.url[len(views.url):])
-    other.wait_for_function("document.querySelectorAll('#series-legend .series').length >= 1",
-                            timeout=DRAWN_MS)
+    legend(other, 1)
     assert other.input_value("#series-by") == "comm"
     other.context.close()
     page.context.close()
@@ -761,8 +775,7 @@ def test_timeline_series_per_label_value_and_brush(views: Views) -> None:
 def test_a_render_while_the_timeline_loads_keeps_the_chart_until_its_answer(views: Views) -> None:
     page = open_page(views, "?by=comm")
     drawn(page, "work_b")
-    page.wait_for_function("document.querySelectorAll('#series-legend .series').length >= 3",
-                           timeout=DRAWN_MS)
+    legend(page, 3)
     held: list[Any] = []
 
     def hold(route: Any) -> None:
@@ -776,10 +789,7 @@ def test_a_render_while_the_timeline_loads_keeps_the_chart_until_its_answer(view
         "document.getElementById('timeline'),"
         " {attributes: true, attributeFilter: ['data-series']})")
     page.locator("#series-legend .series[data-value='cpu_shares']").click()
-    deadline = time.monotonic() + 30
-    while not held and time.monotonic() < deadline:
-        page.wait_for_timeout(100)
-    assert held, "the filtered timeline was never asked for"
+    wait_asked(page, lambda: bool(held), "the filtered timeline")
     # another render while that answer is out (any choice renders every view):
     # the chart waits for its answer rather than drawing the old series again
     page.click("#top .head button[data-sort='name']")
@@ -814,8 +824,7 @@ def test_a_busy_collector_is_asked_again_after_its_retry_after(views: Views) -> 
     page.route(re.compile(r".*/api/v1/timeline\?.*"), busy)
     page.goto(views.url + "?by=comm")
     drawn(page, "work_b")
-    page.wait_for_function("document.querySelectorAll('#series-legend .series').length >= 3",
-                           timeout=DRAWN_MS)
+    legend(page, 3)
     assert page.inner_text("#graph-message") == ""
     for view, times in asked.items():
         assert len(times) == 3, (view, times)  # twice busy, then answered
@@ -844,14 +853,8 @@ def test_a_render_while_the_graph_and_table_load_keeps_them_until_their_answers(
         " new MutationObserver(() => window.rows++).observe("
         "document.getElementById('top-rows'), {childList: true})")
 
-    def asked(view: str) -> None:
-        deadline = time.monotonic() + 30
-        while view not in held and time.monotonic() < deadline:
-            page.wait_for_timeout(100)
-        assert view in held, f"the off-CPU {view} was never asked for"
-
     page.select_option("#type", "offcpu")
-    asked("tree")
+    wait_asked(page, lambda: "tree" in held, "the off-CPU tree")
     # renders while the answers are out (any choice renders every view): the
     # CPU graph and rows stay as they were, not drawn again under the
     # off-CPU type's name. The table is asked once the graph is answered, or
@@ -859,7 +862,7 @@ def test_a_render_while_the_graph_and_table_load_keeps_them_until_their_answers(
     # both are out.
     page.click("#top .head button[data-sort='name']")
     page.wait_for_function("window.ember.state.sort === 'name'")
-    asked("top")
+    wait_asked(page, lambda: "top" in held, "the off-CPU table")
     page.click("#top .head button[data-sort='name']")
     page.wait_for_function("window.ember.state.rev === true")
     page.wait_for_timeout(500)
