@@ -833,6 +833,32 @@ def test_a_busy_collector_is_asked_again_after_its_retry_after(views: Views) -> 
     ctx.close()
 
 
+def test_a_timeline_that_cannot_be_read_says_why_until_one_can(views: Views) -> None:
+    ctx = views.browser.new_context(viewport={"width": 1500, "height": 1000})
+    page = ctx.new_page()
+
+    def broken(route: Any) -> None:
+        route.fulfill(status=500, content_type="application/json",
+                      body=json.dumps({"error": "the store failed to read"}))
+
+    timeline = re.compile(r".*/api/v1/timeline\?.*")
+    page.route(timeline, broken)
+    page.goto(views.url + "?by=comm")
+    drawn(page, "work_b")   # the graph is not held up by it
+    page.wait_for_function(
+        "document.getElementById('timeline').textContent.includes('the store failed to read')",
+        timeout=DRAWN_MS)
+    assert page.inner_text("#timeline").startswith("The timeline could not be read")
+    assert page.locator("#series-legend .series").count() == 0
+    # the next answer that comes draws the chart in its place
+    page.unroute(timeline)
+    page.select_option("#series-by", "")
+    page.wait_for_function("document.querySelector('#timeline canvas') !== null",
+                           timeout=DRAWN_MS)
+    assert "could not be read" not in page.inner_text("#timeline")
+    ctx.close()
+
+
 def test_a_render_while_the_graph_and_table_load_keeps_them_until_their_answers(
         views: Views) -> None:
     page = open_page(views)

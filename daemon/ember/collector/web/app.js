@@ -57,6 +57,7 @@
   }
   var state = defaults();
   var lastRange = null;   // {start, end, values} of the last timeline
+  var timelineError = "";  // why the last timeline could not be read ("": it was)
   var graphData = null;   // the last tree answer drawn
   var topData = null;     // the last top answer
   var swData = null;      // the last sandwich answer drawn
@@ -281,6 +282,7 @@
     ["flame", "diff"].forEach(function (id) { setBlob($(id), null); });
     $("diff").classList.add("hidden");
     graphData = topData = lastRange = swData = null;
+    timelineError = "";
     unpaint($("graph"));
     sideData = { a: null, b: null }; drawSide();
     ["callers", "callees"].forEach(function (id) { unpaint($(id)); $(id + "-head").textContent = ""; });
@@ -449,7 +451,8 @@
     if (state.by) p.set("by", state.by);
     var path = "/api/v1/timeline?" + p;
     var f = fetchSlot("timeline", path, path, json);
-    if (f) f.then(function (j) { lastRange = j; drawTimeline(); }).catch(quiet);
+    if (f) f.then(function (j) { lastRange = j; timelineError = ""; drawTimeline(); })
+      .catch(timelineFailed);
     // the same range again: drawn anew (the picked part, the theme), unless its
     // answer is still out; lastRange is then another range's, and the answer draws
     else if (!answerOut("timeline")) drawTimeline();
@@ -467,11 +470,21 @@
     return all.slice(0, SERIES_MAX).concat([{ value: null, other: rest.length, values: values,
                                               total: total(values) }]);
   }
+  // A timeline that could not be read says why in its box (once a busy
+  // collector's retries are spent, a 500, ...); a range without profiles
+  // is left empty, as the graph says so.
+  function timelineFailed(e) {
+    if (e.message === SILENT) return;
+    lastRange = null;
+    timelineError = e.status === 404 ? "" : "The timeline could not be read: " + e.message;
+    drawTimeline();
+    console.error(e);
+  }
   function drawTimeline() {
     var box = $("timeline"), j = lastRange;
     if (chart) { chart.destroy(); chart = null; }
     clear(box); clear($("series-legend"));
-    if (!j) return;
+    if (!j) { box.textContent = timelineError; return; }
     if (typeof window.uPlot !== "function") {
       box.textContent = "The timeline's chart library is not built here (make web).";
       return;
