@@ -40,7 +40,7 @@ from .runtimes.cpython import Interpreters
 from .runtimes.pycode import PythonNames
 from .stacks import SampleBuilder
 from .symbols.kallsyms import KernelSymbols
-from .symbols.procmaps import ProcessTable, ProcFS
+from .symbols.procmaps import ProcessTable, ProcFS, stat_fields
 from .symbols.symbolizer import Symbolizer
 from .unwind.remote import RemoteUnwinder
 
@@ -160,19 +160,26 @@ class Census:
 
     def _state(self, t: ThreadNow) -> str | None:
         """The thread's state letter now (/proc's stat), None if not known."""
+        text = self._task_file(t, "stat")
         try:
-            path = self.procfs.root / str(t.pid) / "task" / str(t.tid) / "stat"
-            return path.read_text().rpartition(")")[2].split()[0]
-        except (OSError, IndexError):
+            return None if text is None else stat_fields(text)[0]
+        except (ValueError, IndexError):
             return None
 
     def _runs(self, t: ThreadNow) -> int | None:
         """How many times the thread has been given a CPU (schedstat's
         timeslices), None if not known."""
+        text = self._task_file(t, "schedstat")
         try:
-            path = self.procfs.root / str(t.pid) / "task" / str(t.tid) / "schedstat"
-            return int(path.read_text().split()[2])
-        except (OSError, ValueError, IndexError):
+            return None if text is None else int(text.split()[2])
+        except (ValueError, IndexError):
+            return None
+
+    def _task_file(self, t: ThreadNow, name: str) -> str | None:
+        """The text of one of the thread's /proc files, None if it is gone."""
+        try:
+            return (self.procfs.root / str(t.pid) / "task" / str(t.tid) / name).read_text()
+        except OSError:
             return None
 
     def _register(self, programs: Sequence[Program], stack: Stack) -> int:

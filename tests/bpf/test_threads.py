@@ -180,8 +180,8 @@ def test_python_thread_blocked_since_before_the_start(tmp_path: Path, sample_us:
 #: runs) as blocked since long before, at both its looks: the race of a
 #: thread the census found asleep that wakes before its block goes in and
 #: runs on past the second look. ``EMBER_NO_SCHEDSTAT`` turns off the
-#: daemon's check of schedstat and of the state after each put (the test's own check that it
-#: fails without it).
+#: daemon's checks of schedstat and of the state around each put (the
+#: test's own check that it fails without them).
 RACED = """
 import dataclasses, os, sys
 from ember import abi, threads

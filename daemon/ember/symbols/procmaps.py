@@ -106,9 +106,15 @@ class Process:
         return np.where(inside, i, -1)
 
 
+def stat_fields(text: str) -> list[str]:
+    """The fields of a /proc stat file after comm (which may contain spaces
+    and ')'), from field 3 (state) on."""
+    return text[text.rindex(")") + 2:].split()
+
+
 def parse_stat(text: str) -> tuple[int, int]:
-    """(flags, starttime) from /proc/PID/stat; comm may contain spaces and ')'."""
-    rest = text[text.rindex(")") + 2:].split()
+    """(flags, starttime) from /proc/PID/stat."""
+    rest = stat_fields(text)
     # rest[0] is field 3 (state): flags is field 9, starttime field 22.
     return int(rest[6]), int(rest[19])
 
