@@ -145,3 +145,82 @@ def test_sums_by_leaf_are_the_same_in_c_and_numpy(monkeypatch: pytest.MonkeyPatc
         assert a.tolist() == b.tolist()
     # no columns at all: the leaves the rows name
     assert leaves.sum_by_leaf(leaf, [])[0].tolist() == sorted(set(leaf.tolist()))
+
+
+@pytest.mark.parametrize("columns", [0, 1, 3])
+@pytest.mark.parametrize("values", ["small", "signed", "past 32 bits"])
+def test_sums_per_index_name_every_index_a_row_names(backend: str, columns: int,
+                                                     values: str) -> None:
+    """Whatever the values: zeros, signs that cancel to a sum of 0, sums
+    that leave 32 bits part way (the C loops sum in 32 bits while they fit,
+    and list an index by its nonzero first sum, or by a mark where a value
+    is not positive)."""
+    rng = np.random.default_rng(columns)
+    lo, hi = {"small": (0, 4), "signed": (-3, 4), "past 32 bits": (0, 1 << 28)}[values]
+    parts = []
+    for n in (3_000, 0, 500):
+        ix = rng.integers(0, 2_000, n).astype(np.uint32)
+        sums = [rng.integers(lo, hi, n).astype(np.int64) for _ in range(columns)]
+        if columns and n:
+            sums[0][:50] = 0
+            if values == "signed":   # (index 1999 cancels to 0 in the first column)
+                sums[0][50:60] = [5, -5] * 5
+                ix[50:60] = 1999
+            if values == "past 32 bits":   # (index 7's sum passes 2^32 at row 2900)
+                sums[0][2800:3000] = 1 << 25
+                ix[2800:3000] = 7
+        parts.append((ix, sums))
+    got_ix, got = scatter.sum_per_index(parts, columns)
+    want: dict[int, list[int]] = {}
+    for ix, sums in parts:
+        for row, at in enumerate(ix.tolist()):
+            acc = want.setdefault(at, [0] * columns)
+            for c in range(columns):
+                acc[c] += int(sums[c][row])
+    assert got_ix.dtype == np.uint32
+    assert got_ix.tolist() == sorted(want)
+    for c in range(columns):
+        assert got[c].dtype == np.int64
+        assert got[c].tolist() == [want[i][c] for i in sorted(want)]
+    if values == "past 32 bits" and columns:
+        assert want[7][0] > 1 << 32
+
+
+def test_the_c_sums_per_index_check_their_buffers() -> None:
+    from ember.collector import _scatter
+    acc, marks = np.zeros(4, np.int64), np.zeros(4, np.uint8)
+    ix, v = np.array([1, 3], np.uint32), np.array([2, 2], np.int64)
+    with pytest.raises(IndexError, match=r"index 4 \(item 1\) is outside the 4 sums"):
+        _scatter.sum_rows([acc], np.array([1, 4], np.uint32), [v], marks)
+    with pytest.raises(ValueError, match="1 columns of values for 2 of sums"):
+        _scatter.sum_rows([acc, acc.copy()], ix, [v], marks)
+    with pytest.raises(ValueError, match="a column of 3 items for 4"):
+        _scatter.sum_rows([np.zeros(3, np.int64)], ix, [v], marks)
+    with pytest.raises(ValueError, match="a column of 1 items for 2"):
+        _scatter.sum_rows([acc], ix, [v[:1]], marks)
+    assert acc.tolist() == [0, 0, 0, 0] and not marks.any()   # (nothing written)
+    _scatter.sum_rows([acc], ix, [v], marks)
+    assert acc.tolist() == [0, 2, 0, 2]
+    with pytest.raises(ValueError, match="out holds 1 items for 2 present"):
+        _scatter.present(acc, marks, np.zeros(1, np.uint32))
+    with pytest.raises(TypeError, match="out: writable uint32"):
+        _scatter.present(acc, marks, np.zeros(2, np.int64))
+    with pytest.raises(ValueError, match="first holds 4 sums for 3 marks"):
+        _scatter.present(acc, marks[:3])
+    out = np.zeros(_scatter.present(acc, marks), np.uint32)
+    _scatter.present(acc, marks, out)
+    assert out.tolist() == [1, 3]
+    narrow = np.zeros(4, np.uint32)
+    with pytest.raises(TypeError, match="sums: writable uint32"):
+        _scatter.sum_narrow(acc, ix, v, marks)
+    with pytest.raises(IndexError, match=r"index 4 \(item 1\) is outside the 4 sums"):
+        _scatter.sum_narrow(narrow, np.array([1, 4], np.uint32), v, marks)
+    with pytest.raises(ValueError, match="2 values for 3 indices"):
+        _scatter.sum_narrow(narrow, np.array([1, 2, 3], np.uint32), v, marks)
+    # summed up to the first value outside [0, 2^32) or sum past 2^32 - 1
+    big = np.array([5, 0, (1 << 32) - 6, 1, 7], np.int64)
+    assert _scatter.sum_narrow(narrow, np.array([2, 0, 2, 2, 1], np.uint32), big, None) == 3
+    assert narrow.tolist() == [0, 0, (1 << 32) - 1, 0]
+    assert _scatter.sum_narrow(narrow, np.array([1, 1], np.uint32),
+                               np.array([3, -1], np.int64), marks) == 1
+    assert narrow.tolist() == [0, 3, (1 << 32) - 1, 0]

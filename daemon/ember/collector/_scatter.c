@@ -95,14 +95,25 @@ static int get_int64(PyObject *obj, Py_buffer *b, int writable, const char *what
 
 /* The first item of `a` outside [lo, hi) (counting from 0), or -1: checked
  * before any write, so a bad index leaves every output as it was. */
+#define OUTSIDE(name, type)                                                      \
+    static Py_ssize_t name(const type *a, Py_ssize_t n, int64_t lo, int64_t hi)  \
+    {                                                                            \
+        for (Py_ssize_t i = 0; i < n; i++)                                       \
+            if ((int64_t)a[i] < lo || (int64_t)a[i] >= hi)                       \
+                return i;                                                        \
+        return -1;                                                               \
+    }
+OUTSIDE(outside_u32, uint32_t)
+OUTSIDE(outside_i32, int32_t)
+OUTSIDE(outside_i64, int64_t)
+
 static Py_ssize_t outside(const Ints *a, int64_t lo, int64_t hi)
 {
-    for (Py_ssize_t i = 0; i < a->n; i++) {
-        int64_t v = item(a, i);
-        if (v < lo || v >= hi)
-            return i;
+    switch (a->kind) {
+    case 'I': return outside_u32(a->buf.buf, a->n, lo, hi);
+    case 'i': return outside_i32(a->buf.buf, a->n, lo, hi);
+    default: return outside_i64(a->buf.buf, a->n, lo, hi);
     }
-    return -1;
 }
 
 /* The loop of add_at for one index type: out[index[i]] += values[i]
@@ -186,6 +197,263 @@ static PyObject *add_at(PyObject *self, PyObject *args, PyObject *kwargs)
     return result;
 }
 
+/* The loops of sum_rows for one index type: o[idx[i]] += v[i]
+ * (saturating), and s[idx[i]] = 1 where v[i] <= 0 (with s given); with no
+ * values, s[idx[i]] = 1 for every row. */
+#define SUM_ROWS(name, type)                                                        \
+    static void name(int64_t *o, const type *idx, const int64_t *v, uint8_t *s,      \
+                     Py_ssize_t n)                                                   \
+    {                                                                                \
+        if (!o) {                                                                    \
+            for (Py_ssize_t i = 0; i < n; i++)                                       \
+                s[idx[i]] = 1;                                                       \
+            return;                                                                  \
+        }                                                                            \
+        for (Py_ssize_t i = 0; i < n; i++) {                                         \
+            int64_t at = (int64_t)idx[i];                                            \
+            o[at] = sat_add(o[at], v[i]);                                            \
+            if (s && __builtin_expect(v[i] <= 0, 0))                                 \
+                s[at] = 1;                                                           \
+        }                                                                            \
+    }
+SUM_ROWS(sum_rows_u32, uint32_t)
+SUM_ROWS(sum_rows_i32, int32_t)
+SUM_ROWS(sum_rows_i64, int64_t)
+
+/* Buffers of a sequence of int64 arrays, each `want` items long (-1: any
+ * length, the first's for the others). Returns how many were taken (all
+ * of them) or -1 with an exception set, nothing held. */
+static Py_ssize_t get_columns(PyObject *seq, Py_buffer *bufs, Py_ssize_t most, Py_ssize_t want,
+                              int writable, const char *what)
+{
+    PyObject *fast = PySequence_Fast(seq, what);
+    if (!fast)
+        return -1;
+    Py_ssize_t k = PySequence_Fast_GET_SIZE(fast), got = 0;
+    if (k > most) {
+        PyErr_Format(PyExc_ValueError, "%s: at most %zd columns, not %zd", what, most, k);
+        Py_DECREF(fast);
+        return -1;
+    }
+    for (; got < k; got++) {
+        if (get_int64(PySequence_Fast_GET_ITEM(fast, got), &bufs[got], writable, what))
+            break;
+        if (bufs[got].len / 8 != want) {
+            PyErr_Format(PyExc_ValueError, "%s: a column of %zd items for %zd", what,
+                         bufs[got].len / 8, want);
+            PyBuffer_Release(&bufs[got]);
+            break;
+        }
+    }
+    Py_DECREF(fast);
+    if (got == k)
+        return k;
+    while (got > 0)
+        PyBuffer_Release(&bufs[--got]);
+    return -1;
+}
+
+#define MOST_COLUMNS 16
+
+static PyObject *sum_rows(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *accs_o, *index_o, *values_o, *seen_o;
+    if (!PyArg_ParseTuple(args, "OOOO:sum_rows", &accs_o, &index_o, &values_o, &seen_o))
+        return NULL;
+    Ints index;
+    Py_buffer seen, accs[MOST_COLUMNS], values[MOST_COLUMNS];
+    if (PyObject_GetBuffer(seen_o, &seen, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE))
+        return NULL;
+    if (get_ints(index_o, &index, "index")) {
+        PyBuffer_Release(&seen);
+        return NULL;
+    }
+    Py_ssize_t m = seen.len, nv = -1, na = get_columns(accs_o, accs, MOST_COLUMNS, m, 1, "sums");
+    if (na >= 0) {
+        nv = get_columns(values_o, values, MOST_COLUMNS, index.n, 0, "values");
+        if (nv >= 0 && nv != na) {
+            PyErr_Format(PyExc_ValueError, "%zd columns of values for %zd of sums", nv, na);
+            while (nv > 0)
+                PyBuffer_Release(&values[--nv]);
+            nv = -1;
+        }
+    }
+    PyObject *result = NULL;
+    Py_ssize_t bad;
+    if (nv < 0)
+        ;
+    else if ((bad = outside(&index, 0, m)) >= 0)
+        PyErr_Format(PyExc_IndexError, "index %lld (item %zd) is outside the %zd sums",
+                     (long long)item(&index, bad), bad, m);
+    else {
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t c = 0; c < (na ? na : 1); c++) {
+            int64_t *o = na ? accs[c].buf : NULL;
+            const int64_t *v = na ? values[c].buf : NULL;
+            uint8_t *s = c == 0 ? seen.buf : NULL;
+            switch (index.kind) {
+            case 'I': sum_rows_u32(o, index.buf.buf, v, s, index.n); break;
+            case 'i': sum_rows_i32(o, index.buf.buf, v, s, index.n); break;
+            default: sum_rows_i64(o, index.buf.buf, v, s, index.n); break;
+            }
+        }
+        Py_END_ALLOW_THREADS
+        result = Py_None;
+        Py_INCREF(result);
+    }
+    for (Py_ssize_t c = 0; c < nv; c++)
+        PyBuffer_Release(&values[c]);
+    for (Py_ssize_t c = 0; c < na; c++)
+        PyBuffer_Release(&accs[c]);
+    PyBuffer_Release(&index.buf);
+    PyBuffer_Release(&seen);
+    return result;
+}
+
+/* Whether an index is present: its first sum is not 0 or it is marked. */
+#define IS(f, s, i) (((f) && (f)[i] != 0) | ((s)[i] != 0))
+
+static PyObject *present(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *first_o, *seen_o, *out_o = Py_None;
+    if (!PyArg_ParseTuple(args, "OO|O:present", &first_o, &seen_o, &out_o))
+        return NULL;
+    Py_buffer seen;
+    Ints first, out;
+    int has_first = first_o != Py_None, has_out = out_o != Py_None;
+    if (PyObject_GetBuffer(seen_o, &seen, PyBUF_C_CONTIGUOUS))
+        return NULL;
+    if (has_first && get_ints(first_o, &first, "first")) {
+        PyBuffer_Release(&seen);
+        return NULL;
+    }
+    if (has_out && get_ints(out_o, &out, "out")) {
+        if (has_first)
+            PyBuffer_Release(&first.buf);
+        PyBuffer_Release(&seen);
+        return NULL;
+    }
+    Py_ssize_t m = seen.len, k = 0;
+    PyObject *result = NULL;
+    const uint8_t *s = seen.buf;
+    const int64_t *f64 = has_first && first.kind == 'q' ? first.buf.buf : NULL;
+    const uint32_t *f32 = has_first && first.kind != 'q' ? first.buf.buf : NULL;
+    if (has_first && first.n != m)
+        PyErr_Format(PyExc_ValueError, "first holds %zd sums for %zd marks", first.n, m);
+    else if (has_out && (out.kind != 'I' || out.buf.readonly))
+        PyErr_SetString(PyExc_TypeError, "out: writable uint32 items expected");
+    else {
+        if (f64)
+            for (Py_ssize_t i = 0; i < m; i++)
+                k += IS(f64, s, i);
+        else
+            for (Py_ssize_t i = 0; i < m; i++)
+                k += IS(f32, s, i);
+        if (has_out && out.n != k)
+            PyErr_Format(PyExc_ValueError, "out holds %zd items for %zd present", out.n, k);
+        else {
+            if (has_out) {
+                /* (no branch: a third to two thirds of one host's leaves are
+                 * present, in no order a branch predictor could learn; the
+                 * last write lands in the slot after the last present, so
+                 * the loop stops short of it) */
+                uint32_t *o = out.buf.buf;
+                Py_ssize_t j = 0;
+                for (Py_ssize_t i = 0; i < m && j < k; i++) {
+                    o[j] = (uint32_t)i;
+                    j += f64 ? IS(f64, s, i) : IS(f32, s, i);
+                }
+            }
+            result = PyLong_FromSsize_t(k);
+        }
+    }
+    if (has_out)
+        PyBuffer_Release(&out.buf);
+    if (has_first)
+        PyBuffer_Release(&first.buf);
+    PyBuffer_Release(&seen);
+    return result;
+}
+
+/* The loop of sum_narrow for one index type: o[idx[i]] += v[i] in 32
+ * bits, up to the first row whose value is outside [0, 2^32) or whose sum
+ * would pass 2^32 - 1 (returned; n when there is none). */
+#define NARROW(name, type)                                                          \
+    static Py_ssize_t name(uint32_t *o, const type *idx, const int64_t *v, uint8_t *s, \
+                           Py_ssize_t n)                                             \
+    {                                                                                \
+        for (Py_ssize_t i = 0; i < n; i++) {                                         \
+            uint64_t x = (uint64_t)v[i];   /* (a negative value: past 2^32) */       \
+            uint32_t r, *at = &o[idx[i]];                                            \
+            if (x > UINT32_MAX || __builtin_add_overflow(*at, (uint32_t)x, &r))      \
+                return i;                                                            \
+            *at = r;                                                                 \
+            if (s && __builtin_expect(x == 0, 0))                                    \
+                s[idx[i]] = 1;                                                       \
+        }                                                                            \
+        return n;                                                                    \
+    }
+NARROW(narrow_u32, uint32_t)
+NARROW(narrow_i32, int32_t)
+NARROW(narrow_i64, int64_t)
+
+static PyObject *sum_narrow(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *acc_o, *index_o, *values_o, *seen_o;
+    if (!PyArg_ParseTuple(args, "OOOO:sum_narrow", &acc_o, &index_o, &values_o, &seen_o))
+        return NULL;
+    Ints acc, index;
+    Py_buffer values, seen;
+    int has_seen = seen_o != Py_None;
+    if (get_ints(acc_o, &acc, "sums"))
+        return NULL;
+    PyObject *result = NULL;
+    if (acc.kind != 'I' || acc.buf.readonly) {
+        PyErr_SetString(PyExc_TypeError, "sums: writable uint32 items expected");
+        PyBuffer_Release(&acc.buf);
+        return NULL;
+    }
+    if (get_ints(index_o, &index, "index")) {
+        PyBuffer_Release(&acc.buf);
+        return NULL;
+    }
+    if (get_int64(values_o, &values, 0, "values"))
+        goto index;
+    if (has_seen && PyObject_GetBuffer(seen_o, &seen, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE))
+        goto values;
+    Py_ssize_t bad;
+    if (values.len / 8 != index.n)
+        PyErr_Format(PyExc_ValueError, "%zd values for %zd indices", values.len / 8, index.n);
+    else if (has_seen && seen.len != acc.n)
+        PyErr_Format(PyExc_ValueError, "seen holds %zd bytes for %zd sums", seen.len, acc.n);
+    else if ((bad = outside(&index, 0, acc.n)) >= 0)
+        PyErr_Format(PyExc_IndexError, "index %lld (item %zd) is outside the %zd sums",
+                     (long long)item(&index, bad), bad, acc.n);
+    else {
+        Py_ssize_t done;
+        uint8_t *s = has_seen ? seen.buf : NULL;
+        Py_BEGIN_ALLOW_THREADS
+        switch (index.kind) {
+        case 'I': done = narrow_u32(acc.buf.buf, index.buf.buf, values.buf, s, index.n); break;
+        case 'i': done = narrow_i32(acc.buf.buf, index.buf.buf, values.buf, s, index.n); break;
+        default: done = narrow_i64(acc.buf.buf, index.buf.buf, values.buf, s, index.n); break;
+        }
+        Py_END_ALLOW_THREADS
+        result = PyLong_FromSsize_t(done);
+    }
+    if (has_seen)
+        PyBuffer_Release(&seen);
+values:
+    PyBuffer_Release(&values);
+index:
+    PyBuffer_Release(&index.buf);
+    PyBuffer_Release(&acc.buf);
+    return result;
+}
+
 static PyObject *roll_up(PyObject *self, PyObject *args)
 {
     (void)self;
@@ -233,6 +501,12 @@ static PyObject *roll_up(PyObject *self, PyObject *args)
 static PyMethodDef methods[] = {
     {"add_at", (PyCFunction)(void (*)(void))add_at, METH_VARARGS | METH_KEYWORDS,
      "add_at(out, index, values, seen=None) -> sum of |values|: out[index[i]] += values[i]."},
+    {"sum_rows", (PyCFunction)sum_rows, METH_VARARGS,
+     "sum_rows(sums, index, values, seen): sums[c][index[i]] += values[c][i]; seen marked."},
+    {"sum_narrow", (PyCFunction)sum_narrow, METH_VARARGS,
+     "sum_narrow(sums, index, values, seen) -> rows summed: in 32 bits, while they fit."},
+    {"present", (PyCFunction)present, METH_VARARGS,
+     "present(first, seen, out=None) -> count: the indices where first != 0 or seen."},
     {"roll_up", (PyCFunction)roll_up, METH_VARARGS,
      "roll_up(total, parent): total[parent[i]] += total[i], from the last node to node 1."},
     {NULL, NULL, 0, NULL},
