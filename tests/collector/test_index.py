@@ -12,6 +12,7 @@ import time
 from dataclasses import replace
 
 import numpy as np
+import pytest
 
 from ember.collector.engine import Tree
 from ember.collector.index import Index
@@ -138,10 +139,17 @@ def test_a_pair_asked_for_twice_at_once_is_one_leaf() -> None:
     assert paths(index, store) == expected(store)
 
 
-def test_the_json_written_from_arrays_is_the_nested_tree_s(scatter_kind: str) -> None:
+@pytest.mark.parametrize("text_in_c", [True, False])
+def test_the_json_written_from_arrays_is_the_nested_tree_s(
+        scatter_kind: str, text_in_c: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     """Tree.nested_json, which the API serves, against query.tree_json of
     Tree.nested: whole and zoomed, pruned hard and not at all, scaled (the
-    sums in C and in numpy)."""
+    sums in C and in numpy; the text in C and in Python)."""
+    from ember.collector import engine
+    if text_in_c:
+        assert engine._tree_json is not None   # (the set-up builds it)
+    else:
+        monkeypatch.setattr(engine, "_tree_json", None)
     store = Store(":memory:")
     rng = random.Random(21)
     for at in range(6):
@@ -173,4 +181,29 @@ def test_the_json_written_from_arrays_is_the_nested_tree_s(scatter_kind: str) ->
     every = np.arange(len(tree.total))
     assert len(index.children(every)[1]) > len(tree.total) - 1
     assert tree.own_of(every).tolist() == tree.self_.tolist()
+
     store.close()
+
+
+def test_the_c_text_of_a_tree_checks_what_it_is_given() -> None:
+    """_tree_json.text writes what engine.py ordered; what does not fit
+    (an index or a name outside its array, a name not a str, a negative
+    count of closes) is an error, not a read past an array."""
+    from ember.collector import _tree_json
+    i64 = lambda *v: np.array(v, np.int64)   # noqa: E731
+    names: list[str | None] = ['"a"', '"b\\u00e9"', None]
+    ok = (i64(0, 1), i64(0, 2), i64(0, 1), names, i64(9, 4), i64(5, 4), '"all"')
+    assert _tree_json.text(*ok) == ('{"name": "all", "value": 9, "self": 5, "children": ['
+                                    '{"name": "b\\u00e9", "value": 4, "self": 4, '
+                                    '"children": []}]}')
+    bad = [(0, i64(0, 2), ValueError, r"pre\[1\] = 2 is not one of the 2 nodes"),
+           (1, i64(0, -1), ValueError, r"closes\[1\] = -1"),
+           (2, i64(0, 3), ValueError, "name 3 is not one of the 3 names"),
+           (2, i64(0, 2), TypeError, "name 2 is not a str"),
+           (1, i64(0), ValueError, "1 closes for 2 nodes"),
+           (4, np.array([9, 4], np.int32), TypeError, "value: int64"),
+           (6, b"all", TypeError, "first: a str or None")]
+    for at, arg, error, message in bad:
+        with pytest.raises(error, match=message):
+            _tree_json.text(*ok[:at], arg, *ok[at + 1:])
+    assert _tree_json.text(*ok[:6], None).startswith('{"name": "a", ')

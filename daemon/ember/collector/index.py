@@ -57,7 +57,9 @@ class Index:
         self._levels: list[Nodes] = []
         self._levels_for = 0
         self._frame_names: dict[int, int] = {}
-        self._json_names: dict[int, str] = {}
+        self._json_lock = threading.Lock()
+        self._json_names: list[str | None] = []     # by name id, encoded when first shown
+        self._json_done = np.zeros(0, np.bool_)
 
     def __len__(self) -> int:
         return len(self.parent)
@@ -69,13 +71,20 @@ class Index:
             self.names.append(name)
         return nid
 
-    def json_names(self, nids: npt.NDArray[np.int64]) -> list[str]:
-        """The names as JSON strings (encoded once each)."""
-        known = self._json_names
-        missing = [i for i in set(nids.tolist()) if i not in known]
-        for i in missing:
-            known[i] = json.dumps(self.names[i])
-        return [known[i] for i in nids.tolist()]
+    def json_names(self, nids: npt.NDArray[np.int64]) -> list[str | None]:
+        """The names as JSON strings, by name id: those of ``nids`` (and
+        any shown before) encoded, once each; None for the others."""
+        with self._json_lock:
+            table, done = self._json_names, self._json_done
+            if len(table) < len(self.names):
+                table.extend([None] * (len(self.names) - len(table)))
+                done = self._json_done = np.concatenate(
+                    [done, np.zeros(len(table) - len(done), np.bool_)])
+            missing = np.unique(nids[~done[nids]])
+            for i in missing.tolist():
+                table[i] = json.dumps(self.names[i])
+            done[missing] = True
+            return table
 
     def child(self, parent: int, nid: int) -> int | None:
         """The node for name ``nid`` under ``parent``, if there is one yet."""
