@@ -21,12 +21,15 @@
  *     int64, at least as long as total (a longer one: the index grew
  *     after the tree); a parent that is not an earlier node is a
  *     ValueError, raised before anything is written.
- * Every buffer is C-contiguous, its format and length checked.
+ * Every buffer is C-contiguous, its format and length checked
+ * (_buffers.h).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
 #include <string.h>
+
+#include "_buffers.h"
 
 static inline int64_t sat_add(int64_t a, int64_t b)
 {
@@ -34,63 +37,6 @@ static inline int64_t sat_add(int64_t a, int64_t b)
     if (__builtin_add_overflow(a, b, &r))
         return b > 0 ? INT64_MAX : INT64_MIN;
     return r;
-}
-
-/* An index array: its items as int64 whatever their width (4 signed or
- * unsigned, or 8 signed). */
-typedef struct {
-    Py_buffer buf;
-    int kind;   /* 'I' uint32, 'i' int32, 'q' int64 */
-    Py_ssize_t n;
-} Ints;
-
-static int get_ints(PyObject *obj, Ints *a, const char *what)
-{
-    if (PyObject_GetBuffer(obj, &a->buf, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT))
-        return -1;
-    const char *f = a->buf.format ? a->buf.format : "B";
-    if (*f == '<' || *f == '=' || *f == '@')
-        f++;
-    char c = f[0];
-    if (f[1] == '\0' && a->buf.itemsize == 4 && (c == 'I' || c == 'i'))
-        a->kind = c;
-    else if (f[1] == '\0' && a->buf.itemsize == 8 && (c == 'q' || c == 'l'))
-        a->kind = 'q';
-    else {
-        PyErr_Format(PyExc_TypeError, "%s: int32, uint32 or int64 items expected, not '%s'",
-                     what, a->buf.format ? a->buf.format : "B");
-        PyBuffer_Release(&a->buf);
-        return -1;
-    }
-    a->n = a->buf.len / a->buf.itemsize;
-    return 0;
-}
-
-static inline int64_t item(const Ints *a, Py_ssize_t i)
-{
-    switch (a->kind) {
-    case 'I': return ((const uint32_t *)a->buf.buf)[i];
-    case 'i': return ((const int32_t *)a->buf.buf)[i];
-    default: return ((const int64_t *)a->buf.buf)[i];
-    }
-}
-
-/* An int64 array (writable if asked). */
-static int get_int64(PyObject *obj, Py_buffer *b, int writable, const char *what)
-{
-    if (PyObject_GetBuffer(obj, b, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT
-                                       | (writable ? PyBUF_WRITABLE : 0)))
-        return -1;
-    const char *f = b->format ? b->format : "B";
-    if (*f == '<' || *f == '=' || *f == '@')
-        f++;
-    if (b->itemsize != 8 || !(f[0] == 'q' || f[0] == 'l') || f[1] != '\0') {
-        PyErr_Format(PyExc_TypeError, "%s: int64 items expected, not '%s'", what,
-                     b->format ? b->format : "B");
-        PyBuffer_Release(b);
-        return -1;
-    }
-    return 0;
 }
 
 /* The first item of `a` outside [lo, hi) (counting from 0), or -1: checked

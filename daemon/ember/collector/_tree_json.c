@@ -23,6 +23,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "_buffers.h"
+
 typedef struct {
     char *p;
     Py_ssize_t len, cap;
@@ -72,22 +74,6 @@ static void put_int(Buf *b, int64_t v)
         b->p[b->len++] = tmp[--n];
 }
 
-static int get_int64(PyObject *obj, Py_buffer *b, const char *what)
-{
-    if (PyObject_GetBuffer(obj, b, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT))
-        return -1;
-    const char *f = b->format ? b->format : "B";
-    if (*f == '<' || *f == '=' || *f == '@')
-        f++;
-    if (b->itemsize != 8 || !(f[0] == 'q' || f[0] == 'l') || f[1] != '\0') {
-        PyErr_Format(PyExc_TypeError, "%s: int64 items expected, not '%s'", what,
-                     b->format ? b->format : "B");
-        PyBuffer_Release(b);
-        return -1;
-    }
-    return 0;
-}
-
 #define HEAD "{\"name\": "
 #define VALUE ", \"value\": "
 #define SELF ", \"self\": "
@@ -106,7 +92,7 @@ static PyObject *text(PyObject *self, PyObject *args)
     for (; got < 6; got++) {
         if (got == 3)
             continue;
-        if (get_int64(objs[got], &bufs[got], what[got]))
+        if (get_int64(objs[got], &bufs[got], 0, what[got]))
             break;
     }
     PyObject *result = NULL;
