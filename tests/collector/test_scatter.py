@@ -191,16 +191,21 @@ def test_the_c_sums_per_index_check_their_buffers() -> None:
     acc, marks = np.zeros(4, np.int64), np.zeros(4, np.uint8)
     ix, v = np.array([1, 3], np.uint32), np.array([2, 2], np.int64)
     with pytest.raises(IndexError, match=r"index 4 \(item 1\) is outside the 4 sums"):
-        _scatter.sum_rows([acc], np.array([1, 4], np.uint32), [v], marks)
-    with pytest.raises(ValueError, match="1 columns of values for 2 of sums"):
-        _scatter.sum_rows([acc, acc.copy()], ix, [v], marks)
-    with pytest.raises(ValueError, match="a column of 3 items for 4"):
-        _scatter.sum_rows([np.zeros(3, np.int64)], ix, [v], marks)
-    with pytest.raises(ValueError, match="a column of 1 items for 2"):
-        _scatter.sum_rows([acc], ix, [v[:1]], marks)
+        _scatter.sum_rows(acc, np.array([1, 4], np.uint32), v, marks)
+    with pytest.raises(ValueError, match="sums and values: both or neither"):
+        _scatter.sum_rows(acc, ix, None, marks)
+    with pytest.raises(ValueError, match="3 sums for 4 marks"):
+        _scatter.sum_rows(np.zeros(3, np.int64), ix, v, marks)
+    with pytest.raises(ValueError, match="1 values for 2 indices"):
+        _scatter.sum_rows(acc, ix, v[:1], marks)
+    with pytest.raises(TypeError, match="sums: int64 items expected"):
+        _scatter.sum_rows(acc.astype(np.uint32), ix, v, marks)
     assert acc.tolist() == [0, 0, 0, 0] and not marks.any()   # (nothing written)
-    _scatter.sum_rows([acc], ix, [v], marks)
-    assert acc.tolist() == [0, 2, 0, 2]
+    _scatter.sum_rows(acc, ix, v, marks)
+    assert acc.tolist() == [0, 2, 0, 2] and not marks.any()   # (marked only where <= 0)
+    _scatter.sum_rows(None, np.array([2], np.uint32), None, marks)
+    assert marks.tolist() == [0, 0, 1, 0]
+    marks[:] = 0
     with pytest.raises(ValueError, match="out holds 1 items for 2 present"):
         _scatter.present(acc, marks, np.zeros(1, np.uint32))
     with pytest.raises(TypeError, match="out: writable uint32"):

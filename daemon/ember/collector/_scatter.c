@@ -21,6 +21,17 @@
  *     int64, at least as long as total (a longer one: the index grew
  *     after the tree); a parent that is not an earlier node is a
  *     ValueError, raised before anything is written.
+ *   sum_narrow(sums, index, values, seen) -> rows summed: sums (uint32)
+ *     [index[i]] += values[i] in 32 bits, up to the first row whose value
+ *     is outside [0, 2^32) or whose sum would pass 2^32 - 1 (n if none);
+ *     seen[index[i]] = 1 where values[i] is 0 (seen may be None).
+ *   sum_rows(sums, index, values, seen): the same in int64, saturating,
+ *     for every row; seen[index[i]] = 1 where values[i] <= 0. With sums
+ *     and values None, seen[index[i]] = 1 for every row.
+ *   present(first, seen, out=None) -> count: the indices where first (a
+ *     column of sums, uint32 or int64, or None) is not 0 or seen is set,
+ *     ascending, written into out (uint32, exactly as long) when given.
+ *     (A sum of positive values is not 0: only other rows need a mark.)
  * Every buffer is C-contiguous, its format and length checked
  * (_buffers.h).
  */
@@ -144,8 +155,8 @@ static PyObject *add_at(PyObject *self, PyObject *args, PyObject *kwargs)
 }
 
 /* The loops of sum_rows for one index type: o[idx[i]] += v[i]
- * (saturating), and s[idx[i]] = 1 where v[i] <= 0 (with s given); with no
- * values, s[idx[i]] = 1 for every row. */
+ * (saturating), and s[idx[i]] = 1 where v[i] <= 0; with no sums,
+ * s[idx[i]] = 1 for every row. */
 #define SUM_ROWS(name, type)                                                        \
     static void name(int64_t *o, const type *idx, const int64_t *v, uint8_t *s,      \
                      Py_ssize_t n)                                                   \
@@ -158,7 +169,7 @@ static PyObject *add_at(PyObject *self, PyObject *args, PyObject *kwargs)
         for (Py_ssize_t i = 0; i < n; i++) {                                         \
             int64_t at = (int64_t)idx[i];                                            \
             o[at] = sat_add(o[at], v[i]);                                            \
-            if (s && __builtin_expect(v[i] <= 0, 0))                                 \
+            if (__builtin_expect(v[i] <= 0, 0))                                      \
                 s[at] = 1;                                                           \
         }                                                                            \
     }
@@ -166,93 +177,57 @@ SUM_ROWS(sum_rows_u32, uint32_t)
 SUM_ROWS(sum_rows_i32, int32_t)
 SUM_ROWS(sum_rows_i64, int64_t)
 
-/* Buffers of a sequence of int64 arrays, each `want` items long (-1: any
- * length, the first's for the others). Returns how many were taken (all
- * of them) or -1 with an exception set, nothing held. */
-static Py_ssize_t get_columns(PyObject *seq, Py_buffer *bufs, Py_ssize_t most, Py_ssize_t want,
-                              int writable, const char *what)
-{
-    PyObject *fast = PySequence_Fast(seq, what);
-    if (!fast)
-        return -1;
-    Py_ssize_t k = PySequence_Fast_GET_SIZE(fast), got = 0;
-    if (k > most) {
-        PyErr_Format(PyExc_ValueError, "%s: at most %zd columns, not %zd", what, most, k);
-        Py_DECREF(fast);
-        return -1;
-    }
-    for (; got < k; got++) {
-        if (get_int64(PySequence_Fast_GET_ITEM(fast, got), &bufs[got], writable, what))
-            break;
-        if (bufs[got].len / 8 != want) {
-            PyErr_Format(PyExc_ValueError, "%s: a column of %zd items for %zd", what,
-                         bufs[got].len / 8, want);
-            PyBuffer_Release(&bufs[got]);
-            break;
-        }
-    }
-    Py_DECREF(fast);
-    if (got == k)
-        return k;
-    while (got > 0)
-        PyBuffer_Release(&bufs[--got]);
-    return -1;
-}
-
-#define MOST_COLUMNS 16
-
 static PyObject *sum_rows(PyObject *self, PyObject *args)
 {
     (void)self;
-    PyObject *accs_o, *index_o, *values_o, *seen_o;
-    if (!PyArg_ParseTuple(args, "OOOO:sum_rows", &accs_o, &index_o, &values_o, &seen_o))
+    PyObject *acc_o, *index_o, *values_o, *seen_o;
+    if (!PyArg_ParseTuple(args, "OOOO:sum_rows", &acc_o, &index_o, &values_o, &seen_o))
         return NULL;
+    int has_sums = acc_o != Py_None;
+    if (has_sums != (values_o != Py_None)) {
+        PyErr_SetString(PyExc_ValueError, "sums and values: both or neither");
+        return NULL;
+    }
     Ints index;
-    Py_buffer seen, accs[MOST_COLUMNS], values[MOST_COLUMNS];
+    Py_buffer seen, acc, values;
+    PyObject *result = NULL;
     if (PyObject_GetBuffer(seen_o, &seen, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE))
         return NULL;
-    if (get_ints(index_o, &index, "index")) {
-        PyBuffer_Release(&seen);
-        return NULL;
-    }
-    Py_ssize_t m = seen.len, nv = -1, na = get_columns(accs_o, accs, MOST_COLUMNS, m, 1, "sums");
-    if (na >= 0) {
-        nv = get_columns(values_o, values, MOST_COLUMNS, index.n, 0, "values");
-        if (nv >= 0 && nv != na) {
-            PyErr_Format(PyExc_ValueError, "%zd columns of values for %zd of sums", nv, na);
-            while (nv > 0)
-                PyBuffer_Release(&values[--nv]);
-            nv = -1;
-        }
-    }
-    PyObject *result = NULL;
-    Py_ssize_t bad;
-    if (nv < 0)
-        ;
+    if (get_ints(index_o, &index, "index"))
+        goto seen;
+    if (has_sums && get_int64(acc_o, &acc, 1, "sums"))
+        goto index;
+    if (has_sums && get_int64(values_o, &values, 0, "values"))
+        goto acc;
+    Py_ssize_t m = seen.len, bad;
+    if (has_sums && acc.len / 8 != m)
+        PyErr_Format(PyExc_ValueError, "%zd sums for %zd marks", acc.len / 8, m);
+    else if (has_sums && values.len / 8 != index.n)
+        PyErr_Format(PyExc_ValueError, "%zd values for %zd indices", values.len / 8, index.n);
     else if ((bad = outside(&index, 0, m)) >= 0)
         PyErr_Format(PyExc_IndexError, "index %lld (item %zd) is outside the %zd sums",
                      (long long)item(&index, bad), bad, m);
     else {
+        int64_t *o = has_sums ? acc.buf : NULL;
+        const int64_t *v = has_sums ? values.buf : NULL;
         Py_BEGIN_ALLOW_THREADS
-        for (Py_ssize_t c = 0; c < (na ? na : 1); c++) {
-            int64_t *o = na ? accs[c].buf : NULL;
-            const int64_t *v = na ? values[c].buf : NULL;
-            uint8_t *s = c == 0 ? seen.buf : NULL;
-            switch (index.kind) {
-            case 'I': sum_rows_u32(o, index.buf.buf, v, s, index.n); break;
-            case 'i': sum_rows_i32(o, index.buf.buf, v, s, index.n); break;
-            default: sum_rows_i64(o, index.buf.buf, v, s, index.n); break;
-            }
+        switch (index.kind) {
+        case 'I': sum_rows_u32(o, index.buf.buf, v, seen.buf, index.n); break;
+        case 'i': sum_rows_i32(o, index.buf.buf, v, seen.buf, index.n); break;
+        default: sum_rows_i64(o, index.buf.buf, v, seen.buf, index.n); break;
         }
         Py_END_ALLOW_THREADS
         result = Py_None;
         Py_INCREF(result);
     }
-    for (Py_ssize_t c = 0; c < nv; c++)
-        PyBuffer_Release(&values[c]);
-    for (Py_ssize_t c = 0; c < na; c++)
-        PyBuffer_Release(&accs[c]);
+    if (has_sums)
+        PyBuffer_Release(&values);
+acc:
+    if (has_sums)
+        PyBuffer_Release(&acc);
+index:
     PyBuffer_Release(&index.buf);
+seen:
     PyBuffer_Release(&seen);
     return result;
 }
@@ -448,7 +423,7 @@ static PyMethodDef methods[] = {
     {"add_at", (PyCFunction)(void (*)(void))add_at, METH_VARARGS | METH_KEYWORDS,
      "add_at(out, index, values, seen=None) -> sum of |values|: out[index[i]] += values[i]."},
     {"sum_rows", (PyCFunction)sum_rows, METH_VARARGS,
-     "sum_rows(sums, index, values, seen): sums[c][index[i]] += values[c][i]; seen marked."},
+     "sum_rows(sums, index, values, seen): sums[index[i]] += values[i]; seen marked."},
     {"sum_narrow", (PyCFunction)sum_narrow, METH_VARARGS,
      "sum_narrow(sums, index, values, seen) -> rows summed: in 32 bits, while they fit."},
     {"present", (PyCFunction)present, METH_VARARGS,

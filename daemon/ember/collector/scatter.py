@@ -105,11 +105,11 @@ def _sum_per_index_c(c_loops: ModuleType,
                     continue
                 acc = acc.astype(np.int64)
                 index, values = index[done:], values[done:]
-            c_loops.sum_rows([acc], index, [values], marks)
+            c_loops.sum_rows(acc, index, values, marks)
         accs.append(acc)
     if not columns:
         for ix, _ in live:
-            c_loops.sum_rows([], _ints(ix), [], marks)
+            c_loops.sum_rows(None, _ints(ix), None, marks)
     first = accs[0] if columns else None
     present = np.empty(c_loops.present(first, marks), np.uint32)
     c_loops.present(first, marks, present)
