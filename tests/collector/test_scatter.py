@@ -148,19 +148,29 @@ def test_sums_by_leaf_are_the_same_in_c_and_numpy(monkeypatch: pytest.MonkeyPatc
 
 
 @pytest.mark.parametrize("columns", [0, 1, 3])
-@pytest.mark.parametrize("values", ["small", "signed", "past 32 bits"])
+@pytest.mark.parametrize("values", ["small", "signed", "past 32 bits", "periods",
+                                    "periods, one not", "periods past 32 bits"])
 def test_sums_per_index_name_every_index_a_row_names(backend: str, columns: int,
                                                      values: str) -> None:
     """Whatever the values: zeros, signs that cancel to a sum of 0, sums
-    that leave 32 bits part way (the C loops sum in 32 bits while they fit,
-    and list an index by its nonzero first sum, or by a mark where a value
-    is not positive)."""
+    that leave 32 bits part way, multiples of a period (the C loops sum in
+    32 bits while they fit, in units of the first values' common divisor
+    while every value is a multiple of it, and list an index by its nonzero
+    first sum, or by a mark where a value is not positive)."""
     rng = np.random.default_rng(columns)
-    lo, hi = {"small": (0, 4), "signed": (-3, 4), "past 32 bits": (0, 1 << 28)}[values]
+    period = {"periods": 10_101_010, "periods, one not": 10_101_010,
+              "periods past 32 bits": 1 << 30}.get(values, 1)
+    lo, hi = {"small": (0, 4), "signed": (-3, 4), "past 32 bits": (0, 1 << 28)}.get(values,
+                                                                                  (1, 20))
     parts = []
     for n in (3_000, 0, 500):
         ix = rng.integers(0, 2_000, n).astype(np.uint32)
-        sums = [rng.integers(lo, hi, n).astype(np.int64) for _ in range(columns)]
+        sums = [rng.integers(lo, hi, n).astype(np.int64) * period for _ in range(columns)]
+        if columns and n == 3_000 and period > 1:   # (index 7: past 2^32 ns; the last, units)
+            sums[0][2800:3000] = period * (1 << 25 if period == 1 << 30 else 19)
+            ix[2800:3000] = 7
+            if values == "periods, one not":   # (the rows from 1500 on: summed in int64)
+                sums[0][1500] += 1
         if columns and n:
             sums[0][:50] = 0
             if values == "signed":   # (index 1999 cancels to 0 in the first column)
@@ -182,8 +192,20 @@ def test_sums_per_index_name_every_index_a_row_names(backend: str, columns: int,
     for c in range(columns):
         assert got[c].dtype == np.int64
         assert got[c].tolist() == [want[i][c] for i in sorted(want)]
-    if values == "past 32 bits" and columns:
+    if values != "small" and values != "signed" and columns:
         assert want[7][0] > 1 << 32
+    if values == "periods past 32 bits" and columns:
+        assert want[7][0] // period > 1 << 32
+
+
+def test_the_unit_is_the_first_values_common_divisor() -> None:
+    assert scatter.unit(np.array([0, 20, 30, 0, 50], np.int64)) == 10
+    assert scatter.unit(np.array([7] * 100 + [3], np.int64)) == 7   # (a guess: the first 64)
+    assert scatter.unit(np.array([], np.int64)) == 1
+    assert scatter.unit(np.array([0, 0], np.int64)) == 1
+    assert scatter.unit(np.array([20, -10], np.int64)) == 1
+    assert scatter.unit(np.array([1 << 31, 1 << 32], np.int64)) == 1   # (past UNIT_MAX)
+    assert scatter.unit(np.array([(1 << 31) - 1], np.int64)) == (1 << 31) - 1
 
 
 def test_the_c_sums_per_index_check_their_buffers() -> None:
@@ -215,6 +237,20 @@ def test_the_c_sums_per_index_check_their_buffers() -> None:
     out = np.zeros(_scatter.present(acc, marks), np.uint32)
     _scatter.present(acc, marks, out)
     assert out.tolist() == [1, 3]
+    # the first sums at the indices, times a unit (uint32 sums only)
+    sums = np.zeros(2, np.int64)
+    with pytest.raises(ValueError, match="sums: only with first and out"):
+        _scatter.present(acc, marks, None, sums)
+    with pytest.raises(ValueError, match="sums holds 1 items for 2 present"):
+        _scatter.present(acc, marks, out, sums[:1])
+    with pytest.raises(ValueError, match=r"unit 3: from 1 to 1 \(int64 sums\)"):
+        _scatter.present(acc, marks, out, sums, 3)
+    _scatter.present(acc, marks, out, sums)
+    assert sums.tolist() == [2, 2]
+    units = np.array([0, (1 << 32) - 1, 0, 5], np.uint32)
+    _scatter.present(units, marks, out, sums, (1 << 31) - 1)
+    assert out.tolist() == [1, 3]
+    assert sums.tolist() == [((1 << 32) - 1) * ((1 << 31) - 1), 5 * ((1 << 31) - 1)]
     narrow = np.zeros(4, np.uint32)
     with pytest.raises(TypeError, match="sums: writable uint32"):
         _scatter.sum_narrow(acc, ix, v, marks)
@@ -222,6 +258,9 @@ def test_the_c_sums_per_index_check_their_buffers() -> None:
         _scatter.sum_narrow(narrow, np.array([1, 4], np.uint32), v, marks)
     with pytest.raises(ValueError, match="2 values for 3 indices"):
         _scatter.sum_narrow(narrow, np.array([1, 2, 3], np.uint32), v, marks)
+    for bad in (0, -3, 1 << 31):
+        with pytest.raises(ValueError, match=f"unit {bad}: from 1 to 2"):
+            _scatter.sum_narrow(narrow, ix, v, marks, bad)
     # summed up to the first value outside [0, 2^32) or sum past 2^32 - 1
     big = np.array([5, 0, (1 << 32) - 6, 1, 7], np.int64)
     assert _scatter.sum_narrow(narrow, np.array([2, 0, 2, 2, 1], np.uint32), big, None) == 3
@@ -229,3 +268,8 @@ def test_the_c_sums_per_index_check_their_buffers() -> None:
     assert _scatter.sum_narrow(narrow, np.array([1, 1], np.uint32),
                                np.array([3, -1], np.int64), marks) == 1
     assert narrow.tolist() == [0, 3, (1 << 32) - 1, 0]
+    # in units: up to the first value that is not a multiple of the unit
+    narrow[:] = 0
+    assert _scatter.sum_narrow(narrow, np.array([1, 1, 3, 2], np.uint32),
+                               np.array([6, 9, 0, 4], np.int64), marks, 3) == 3
+    assert narrow.tolist() == [0, 5, 0, 0] and marks[3] == 1

@@ -21,16 +21,19 @@
  *     int64, at least as long as total (a longer one: the index grew
  *     after the tree); a parent that is not an earlier node is a
  *     ValueError, raised before anything is written.
- *   sum_narrow(sums, index, values, seen) -> rows summed: sums (uint32)
- *     [index[i]] += values[i] in 32 bits, up to the first row whose value
- *     is outside [0, 2^32) or whose sum would pass 2^32 - 1 (n if none);
- *     seen[index[i]] = 1 where values[i] is 0 (seen may be None).
+ *   sum_narrow(sums, index, values, seen, unit=1) -> rows summed: sums
+ *     (uint32)[index[i]] += values[i] / unit in 32 bits, up to the first
+ *     row whose value is not a multiple of unit in [0, unit * 2^32) or
+ *     whose sum would pass 2^32 - 1 (n if none); seen[index[i]] = 1 where
+ *     values[i] is 0 (seen may be None). unit is 1 to 2^31 - 1.
  *   sum_rows(sums, index, values, seen): the same in int64, saturating,
  *     for every row; seen[index[i]] = 1 where values[i] <= 0. With sums
  *     and values None, seen[index[i]] = 1 for every row.
- *   present(first, seen, out=None) -> count: the indices where first (a
- *     column of sums, uint32 or int64, or None) is not 0 or seen is set,
- *     ascending, written into out (uint32, exactly as long) when given.
+ *   present(first, seen, out=None, sums=None, unit=1) -> count: the
+ *     indices where first (a column of sums, uint32 or int64, or None) is
+ *     not 0 or seen is set, ascending, written into out (uint32, exactly
+ *     as long) when given, and first's sums there times unit into sums
+ *     (int64, as long; unit 1 for int64 sums) when given.
  *     (A sum of positive values is not 0: only other rows need a mark.)
  * Every buffer is C-contiguous, its format and length checked
  * (_buffers.h).
@@ -41,6 +44,9 @@
 #include <string.h>
 
 #include "_buffers.h"
+
+/* The largest unit: 32-bit sums times it stay below 2^63 when widened. */
+#define UNIT_MAX 0x7fffffffLL
 
 static inline int64_t sat_add(int64_t a, int64_t b)
 {
@@ -235,36 +241,67 @@ seen:
 /* Whether an index is present: its first sum is not 0 or it is marked. */
 #define IS(f, s, i) (((f) && (f)[i] != 0) | ((s)[i] != 0))
 
+/* The fill of present: the indices into o, and with w the first sums times
+ * g into w. No branch: a third to two thirds of one host's leaves are
+ * present, in no order a branch predictor could learn; the last write
+ * lands in the slot after the last present, so the loop stops short of it. */
+#define FILL(name, type)                                                            \
+    static void name(const type *f, const uint8_t *s, Py_ssize_t m, Py_ssize_t k,    \
+                     uint32_t *o, int64_t *w, int64_t g)                             \
+    {                                                                                \
+        Py_ssize_t j = 0;                                                            \
+        if (w)                                                                       \
+            for (Py_ssize_t i = 0; i < m && j < k; i++) {                            \
+                o[j] = (uint32_t)i;                                                  \
+                w[j] = (int64_t)f[i] * g;                                            \
+                j += IS(f, s, i);                                                    \
+            }                                                                        \
+        else                                                                         \
+            for (Py_ssize_t i = 0; i < m && j < k; i++) {                            \
+                o[j] = (uint32_t)i;                                                  \
+                j += IS(f, s, i);                                                    \
+            }                                                                        \
+    }
+FILL(fill_u32, uint32_t)
+FILL(fill_i64, int64_t)
+
 static PyObject *present(PyObject *self, PyObject *args)
 {
     (void)self;
-    PyObject *first_o, *seen_o, *out_o = Py_None;
-    if (!PyArg_ParseTuple(args, "OO|O:present", &first_o, &seen_o, &out_o))
+    PyObject *first_o, *seen_o, *out_o = Py_None, *sums_o = Py_None;
+    long long g = 1;
+    if (!PyArg_ParseTuple(args, "OO|OOL:present", &first_o, &seen_o, &out_o, &sums_o, &g))
         return NULL;
-    Py_buffer seen;
+    Py_buffer seen, sums;
     Ints first, out;
     int has_first = first_o != Py_None, has_out = out_o != Py_None;
+    int has_sums = sums_o != Py_None;
+    if (has_sums && (!has_first || !has_out)) {
+        PyErr_SetString(PyExc_ValueError, "sums: only with first and out");
+        return NULL;
+    }
     if (PyObject_GetBuffer(seen_o, &seen, PyBUF_C_CONTIGUOUS))
         return NULL;
-    if (has_first && get_ints(first_o, &first, "first")) {
-        PyBuffer_Release(&seen);
-        return NULL;
-    }
-    if (has_out && get_ints(out_o, &out, "out")) {
-        if (has_first)
-            PyBuffer_Release(&first.buf);
-        PyBuffer_Release(&seen);
-        return NULL;
-    }
-    Py_ssize_t m = seen.len, k = 0;
     PyObject *result = NULL;
+    if (has_first && get_ints(first_o, &first, "first"))
+        goto seen;
+    if (has_out && get_ints(out_o, &out, "out"))
+        goto first;
+    if (has_sums && get_int64(sums_o, &sums, 1, "sums"))
+        goto out;
+    Py_ssize_t m = seen.len, k = 0;
     const uint8_t *s = seen.buf;
     const int64_t *f64 = has_first && first.kind == 'q' ? first.buf.buf : NULL;
     const uint32_t *f32 = has_first && first.kind != 'q' ? first.buf.buf : NULL;
     if (has_first && first.n != m)
         PyErr_Format(PyExc_ValueError, "first holds %zd sums for %zd marks", first.n, m);
+    else if (has_first && first.kind == 'i')
+        PyErr_SetString(PyExc_TypeError, "first: uint32 or int64 items expected");
     else if (has_out && (out.kind != 'I' || out.buf.readonly))
         PyErr_SetString(PyExc_TypeError, "out: writable uint32 items expected");
+    else if (g < 1 || g > (f64 ? 1 : UNIT_MAX))
+        PyErr_Format(PyExc_ValueError, "unit %lld: from 1 to %s", g,
+                     f64 ? "1 (int64 sums)" : "2^31 - 1");
     else {
         if (f64)
             for (Py_ssize_t i = 0; i < m; i++)
@@ -274,41 +311,71 @@ static PyObject *present(PyObject *self, PyObject *args)
                 k += IS(f32, s, i);
         if (has_out && out.n != k)
             PyErr_Format(PyExc_ValueError, "out holds %zd items for %zd present", out.n, k);
+        else if (has_sums && sums.len / 8 != k)
+            PyErr_Format(PyExc_ValueError, "sums holds %zd items for %zd present",
+                         sums.len / 8, k);
         else {
             if (has_out) {
-                /* (no branch: a third to two thirds of one host's leaves are
-                 * present, in no order a branch predictor could learn; the
-                 * last write lands in the slot after the last present, so
-                 * the loop stops short of it) */
-                uint32_t *o = out.buf.buf;
-                Py_ssize_t j = 0;
-                for (Py_ssize_t i = 0; i < m && j < k; i++) {
-                    o[j] = (uint32_t)i;
-                    j += f64 ? IS(f64, s, i) : IS(f32, s, i);
-                }
+                int64_t *w = has_sums ? sums.buf : NULL;
+                if (f64)
+                    fill_i64(f64, s, m, k, out.buf.buf, w, g);
+                else
+                    fill_u32(f32, s, m, k, out.buf.buf, w, g);
             }
             result = PyLong_FromSsize_t(k);
         }
     }
+    if (has_sums)
+        PyBuffer_Release(&sums);
+out:
     if (has_out)
         PyBuffer_Release(&out.buf);
+first:
     if (has_first)
         PyBuffer_Release(&first.buf);
+seen:
     PyBuffer_Release(&seen);
     return result;
 }
 
-/* The loop of sum_narrow for one index type: o[idx[i]] += v[i] in 32
- * bits, up to the first row whose value is outside [0, 2^32) or whose sum
- * would pass 2^32 - 1 (returned; n when there is none). */
+/* Exact division by a unit g = 2^k * d (d odd) without a divide: x is a
+ * multiple of g when its low k bits are 0 and (x >> k) * inv, with inv
+ * d's inverse mod 2^64, is at most lim = (2^64 - 1) / d; that product is
+ * then x / g (Granlund and Montgomery, "Division by invariant integers
+ * using multiplication", 1994, section 9). */
+typedef struct {
+    int k;
+    uint64_t low, inv, lim;
+} Unit;
+
+
+static Unit unit_of(uint64_t g)
+{
+    Unit u;
+    u.k = __builtin_ctzll(g);
+    u.low = ((uint64_t)1 << u.k) - 1;
+    uint64_t d = g >> u.k, inv = d;   /* (d * d = 1 mod 8: 3 good bits, doubled each step) */
+    for (int i = 0; i < 5; i++)
+        inv *= 2 - d * inv;
+    u.inv = inv;
+    u.lim = UINT64_MAX / d;
+    return u;
+}
+
+/* The loop of sum_narrow for one index type: o[idx[i]] += v[i] / g in 32
+ * bits, up to the first row whose value is not a multiple of g in
+ * [0, g * 2^32) or whose sum would pass 2^32 - 1 (returned; n when there
+ * is none). */
 #define NARROW(name, type)                                                          \
     static Py_ssize_t name(uint32_t *o, const type *idx, const int64_t *v, uint8_t *s, \
-                           Py_ssize_t n)                                             \
+                           Py_ssize_t n, Unit u)                                     \
     {                                                                                \
         for (Py_ssize_t i = 0; i < n; i++) {                                         \
-            uint64_t x = (uint64_t)v[i];   /* (a negative value: past 2^32) */       \
+            uint64_t x = (uint64_t)v[i];   /* (a negative value: past the limit) */  \
+            uint64_t q = (x >> u.k) * u.inv;                                         \
             uint32_t r, *at = &o[idx[i]];                                            \
-            if (x > UINT32_MAX || __builtin_add_overflow(*at, (uint32_t)x, &r))      \
+            if (((x & u.low) != 0) | (q > u.lim) | (q > UINT32_MAX)                  \
+                || __builtin_add_overflow(*at, (uint32_t)q, &r))                     \
                 return i;                                                            \
             *at = r;                                                                 \
             if (s && __builtin_expect(x == 0, 0))                                    \
@@ -324,8 +391,13 @@ static PyObject *sum_narrow(PyObject *self, PyObject *args)
 {
     (void)self;
     PyObject *acc_o, *index_o, *values_o, *seen_o;
-    if (!PyArg_ParseTuple(args, "OOOO:sum_narrow", &acc_o, &index_o, &values_o, &seen_o))
+    long long g = 1;
+    if (!PyArg_ParseTuple(args, "OOOO|L:sum_narrow", &acc_o, &index_o, &values_o, &seen_o, &g))
         return NULL;
+    if (g < 1 || g > UNIT_MAX) {
+        PyErr_Format(PyExc_ValueError, "unit %lld: from 1 to 2^31 - 1", g);
+        return NULL;
+    }
     Ints acc, index;
     Py_buffer values, seen;
     int has_seen = seen_o != Py_None;
@@ -356,11 +428,12 @@ static PyObject *sum_narrow(PyObject *self, PyObject *args)
     else {
         Py_ssize_t done;
         uint8_t *s = has_seen ? seen.buf : NULL;
+        Unit u = unit_of((uint64_t)g);
         Py_BEGIN_ALLOW_THREADS
         switch (index.kind) {
-        case 'I': done = narrow_u32(acc.buf.buf, index.buf.buf, values.buf, s, index.n); break;
-        case 'i': done = narrow_i32(acc.buf.buf, index.buf.buf, values.buf, s, index.n); break;
-        default: done = narrow_i64(acc.buf.buf, index.buf.buf, values.buf, s, index.n); break;
+        case 'I': done = narrow_u32(acc.buf.buf, index.buf.buf, values.buf, s, index.n, u); break;
+        case 'i': done = narrow_i32(acc.buf.buf, index.buf.buf, values.buf, s, index.n, u); break;
+        default: done = narrow_i64(acc.buf.buf, index.buf.buf, values.buf, s, index.n, u); break;
         }
         Py_END_ALLOW_THREADS
         result = PyLong_FromSsize_t(done);
@@ -425,9 +498,10 @@ static PyMethodDef methods[] = {
     {"sum_rows", (PyCFunction)sum_rows, METH_VARARGS,
      "sum_rows(sums, index, values, seen): sums[index[i]] += values[i]; seen marked."},
     {"sum_narrow", (PyCFunction)sum_narrow, METH_VARARGS,
-     "sum_narrow(sums, index, values, seen) -> rows summed: in 32 bits, while they fit."},
+     "sum_narrow(sums, index, values, seen, unit=1) -> rows summed: in units, 32 bits, while "
+     "they fit."},
     {"present", (PyCFunction)present, METH_VARARGS,
-     "present(first, seen, out=None) -> count: the indices where first != 0 or seen."},
+     "present(first, seen, out=None, sums=None, unit=1) -> count: where first != 0 or seen."},
     {"roll_up", (PyCFunction)roll_up, METH_VARARGS,
      "roll_up(total, parent): total[parent[i]] += total[i], from the last node to node 1."},
     {NULL, NULL, 0, NULL},

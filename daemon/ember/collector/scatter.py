@@ -89,31 +89,62 @@ def _sum_per_index_c(c_loops: ModuleType,
                      top: int) -> tuple[npt.NDArray[np.uint32], list[I64]]:
     """sum_per_index in C: each column summed in 32 bits while its values
     and sums fit (one host's hour: the sums in half the memory took half
-    the time), then in int64 from the row where they no longer do. An
-    index is marked only where a value is not positive; elsewhere its
-    nonzero first sum names it (a mark for every row, a second scattered
-    write, took as long as the sum)."""
+    the time), then in int64 from the row where they no longer do. Values
+    are summed in units of the first values' greatest common divisor
+    (``unit``): on-CPU time is a count of sampling periods in nanoseconds,
+    and one host's hour of it passes 2^32 ns in its first 4% of rows, but
+    not 2^32 periods. An index is marked only where a value is not
+    positive; elsewhere its nonzero first sum names it (a mark for every
+    row, a second scattered write, took as long as the sum)."""
     marks = np.zeros(top, np.uint8)
     accs: list[npt.NDArray[Any]] = []
+    units: list[int] = []
     for c in range(columns):
         acc: npt.NDArray[Any] = np.zeros(top, np.uint32)
+        g = unit(live[0][1][c])
         for ix, sums in live:
             index, values = _ints(ix), np.ascontiguousarray(sums[c], np.int64)
             if acc.dtype == np.uint32:
-                done = c_loops.sum_narrow(acc, index, values, marks)
+                done = c_loops.sum_narrow(acc, index, values, marks, g)
                 if done == len(index):
                     continue
                 acc = acc.astype(np.int64)
+                acc *= g   # (below 2^63: g < 2^31)
+                g = 1
                 index, values = index[done:], values[done:]
             c_loops.sum_rows(acc, index, values, marks)
         accs.append(acc)
+        units.append(g)
     if not columns:
         for ix, _ in live:
             c_loops.sum_rows(None, _ints(ix), None, marks)
     first = accs[0] if columns else None
-    present = np.empty(c_loops.present(first, marks), np.uint32)
-    c_loops.present(first, marks, present)
-    return present, [np.asarray(acc[present], np.int64) for acc in accs]
+    k = c_loops.present(first, marks)
+    present = np.empty(k, np.uint32)
+    out = [np.empty(k, np.int64)] if columns else []
+    # (the first column's sums, times its unit, written as the indices are)
+    c_loops.present(first, marks, present, *[*out, *units[:1]])
+    for acc, g in zip(accs[1:], units[1:], strict=True):
+        col = np.asarray(acc[present], np.int64)
+        out.append(col * g if g != 1 else col)
+    return present, out
+
+
+#: The values a unit is found from, and the largest unit (32-bit sums of
+#: units stay below 2^63 as int64).
+UNIT_FROM, UNIT_MAX = 64, (1 << 31) - 1
+
+
+def unit(values: npt.NDArray[Any]) -> int:
+    """The greatest common divisor of the first ``UNIT_FROM`` nonzero
+    values, or 1 (none, a negative one, or one past ``UNIT_MAX``): a guess,
+    which sum_narrow checks of every row."""
+    head = np.asarray(values[:UNIT_FROM], np.int64)
+    head = head[head != 0]
+    if not len(head) or int(head.min()) < 0:
+        return 1
+    g = int(np.gcd.reduce(head))
+    return g if g <= UNIT_MAX else 1
 
 
 def roll_up(total: I64, parent: npt.NDArray[Any], levels: Callable[[], Sequence[Nodes]]
