@@ -112,6 +112,67 @@ def test_roll_up_saturates(backend: str) -> None:
     assert total.tolist() == [MAX, MAX, MAX - 3, 9, MAX]
 
 
+@pytest.mark.parametrize("values", ["small", "periods", "periods, one not",
+                                    "a leaf past 2^32 units", "a total past 2^32 units"])
+def test_a_tree_s_totals_in_units_are_its_int64_totals(backend: str, values: str) -> None:
+    """unit_totals gives add_at and roll_up's totals where every value is a
+    multiple of the unit and every sum fits 32 bits of units, and None (the
+    caller sums in int64) where not, or where the loops are not built."""
+    rng = np.random.default_rng(11)
+    parent = random_tree(rng, 3_000)
+    period = 1 if values == "small" else 10_101_010
+    leaves = rng.choice(3_000, 1_500, replace=False).astype(np.int32)
+    sums = rng.integers(1, 1_000, 1_500).astype(np.int64) * period
+    sums[::9] = 0
+    if values == "periods, one not":
+        sums[700] += 1
+    elif values == "a leaf past 2^32 units":
+        sums[700] = period << 32
+    elif values == "a total past 2^32 units":   # (each fits; the root's sum does not)
+        sums[:3] = period * ((1 << 32) - 1)
+    want = np.zeros(len(parent), np.int64)
+    scatter.add_at(want, leaves, sums)
+    scatter.roll_up(want, parent, lambda: levels_of(parent))
+    got = scatter.unit_totals(leaves, sums, parent)
+    if backend == "numpy" or values not in ("small", "periods"):
+        assert got is None
+        return
+    assert got is not None and got.dtype == np.int64
+    assert got.tolist() == want.tolist()
+    if values == "periods":   # (the root: past 32 bits of ns, not of periods)
+        assert int(want[0]) > 1 << 32
+
+
+def test_the_c_totals_in_units_check_their_buffers() -> None:
+    from ember.collector import _scatter
+    parent = np.array([-1, 0, 1, 1], np.int32)
+    leaves, v = np.array([2, 3], np.int32), np.array([6, 9], np.int64)
+    total, scratch = np.full(4, 7, np.int64), np.full(4, 5, np.uint32)
+    for bad in (0, 1 << 31):
+        with pytest.raises(ValueError, match=f"unit {bad}: from 1 to 2"):
+            _scatter.unit_totals(total, scratch, leaves, v, parent, bad)
+    with pytest.raises(ValueError, match="scratch: 4 writable uint32 items expected"):
+        _scatter.unit_totals(total, scratch[:3], leaves, v, parent, 3)
+    with pytest.raises(TypeError, match="leaves and parent: int32"):
+        _scatter.unit_totals(total, scratch, leaves.astype(np.int64), v, parent, 3)
+    with pytest.raises(ValueError, match="2 values for 1 leaves"):
+        _scatter.unit_totals(total, scratch, leaves[:1], v, parent, 3)
+    with pytest.raises(ValueError, match="3 parents for 4 totals"):
+        _scatter.unit_totals(total, scratch, leaves, v, parent[:3], 3)
+    with pytest.raises(IndexError, match=r"leaf 4 \(item 1\) is outside the 4 nodes"):
+        _scatter.unit_totals(total, scratch, np.array([2, 4], np.int32), v, parent, 3)
+    with pytest.raises(ValueError, match="node 2's parent \\(3\\) is not an earlier node"):
+        _scatter.unit_totals(total, scratch, leaves, v, np.array([-1, 0, 3, 1], np.int32), 3)
+    assert total.tolist() == [7] * 4   # (nothing written)
+    # the scratch is zeroed here, whatever it held
+    assert _scatter.unit_totals(total, scratch, leaves, v, parent, 3)
+    assert total.tolist() == [15, 15, 6, 9]
+    # not done: a value not a multiple, one past 2^32 units, a sum past 2^32 - 1
+    for bad in ([6, 10], [6, 3 << 32], [3 * ((1 << 32) - 1), 3]):
+        assert not _scatter.unit_totals(total, scratch, leaves, np.array(bad, np.int64),
+                                        parent, 3)
+
+
 def test_roll_up_refuses_a_parent_that_is_not_an_earlier_node() -> None:
     from ember.collector import _scatter
     total = np.arange(4, dtype=np.int64)

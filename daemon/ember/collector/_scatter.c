@@ -14,6 +14,8 @@
  *     int32 or int64; values and out int64; an index outside out is an
  *     IndexError, raised before anything is written. Returns the sum of
  *     the values' magnitudes, as a double (whether a sum could saturate).
+ *   unit_totals(total, scratch, leaves, values, parent, unit) -> done: a
+ *     tree's totals summed in 32 bits, in units (see totals_u32 below).
  *   roll_up(total, parent): total[parent[i]] += total[i] (saturating) for
  *     each node i from the last of total down to 1, where every node's
  *     parent is an earlier node (as the index numbers them): each total
@@ -492,6 +494,103 @@ static PyObject *roll_up(PyObject *self, PyObject *args)
     return result;
 }
 
+/* A tree's totals in units, for engine.Tree.build: each leaf's value / g
+ * into scratch (uint32, zeroed here) at its node, then each node's into its
+ * parent's from the last node up, each total, once final, times g into
+ * total (int64). 0 where a value is not a multiple of g in [0, g * 2^32)
+ * or a sum passes 2^32 - 1 (total is then partly written: the caller sums
+ * in int64 instead), 1 when done. Half the memory of int64 sums: a fleet
+ * host's 527,000 leaves into 800,000 nodes, and their roll-up, are random
+ * writes that do not stay in the cache. */
+static int totals_u32(int64_t *t, uint32_t *s, const int32_t *leaf, const int64_t *v,
+                      Py_ssize_t k, const int32_t *parent, Py_ssize_t n, Unit u, int64_t g)
+{
+    for (Py_ssize_t i = 0; i < k; i++) {
+        uint64_t x = (uint64_t)v[i];
+        uint64_t q = (x >> u.k) * u.inv;
+        uint32_t *at = &s[leaf[i]];
+        if (((x & u.low) != 0) | (q > u.lim) | (q > UINT32_MAX)
+            || __builtin_add_overflow(*at, (uint32_t)q, at))
+            return 0;
+    }
+    for (Py_ssize_t i = n - 1; i > 0; i--) {
+        if (__builtin_add_overflow(s[parent[i]], s[i], &s[parent[i]]))
+            return 0;
+        t[i] = (int64_t)s[i] * g;
+    }
+    if (n)
+        t[0] = (int64_t)s[0] * g;
+    return 1;
+}
+
+static PyObject *unit_totals(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *total_o, *scratch_o, *leaf_o, *values_o, *parent_o;
+    long long g;
+    if (!PyArg_ParseTuple(args, "OOOOOL:unit_totals", &total_o, &scratch_o, &leaf_o, &values_o,
+                          &parent_o, &g))
+        return NULL;
+    if (g < 1 || g > UNIT_MAX) {
+        PyErr_Format(PyExc_ValueError, "unit %lld: from 1 to 2^31 - 1", g);
+        return NULL;
+    }
+    Py_buffer total, values;
+    Ints scratch, leaf, parent;
+    PyObject *result = NULL;
+    if (get_int64(total_o, &total, 1, "total"))
+        return NULL;
+    if (get_ints(scratch_o, &scratch, "scratch"))
+        goto total;
+    if (get_ints(leaf_o, &leaf, "leaves"))
+        goto scratch;
+    if (get_int64(values_o, &values, 0, "values"))
+        goto leaf;
+    if (get_ints(parent_o, &parent, "parent"))
+        goto values;
+    Py_ssize_t n = total.len / 8, bad = -1;
+    if (scratch.kind != 'I' || scratch.buf.readonly || scratch.n != n)
+        PyErr_Format(PyExc_ValueError, "scratch: %zd writable uint32 items expected", n);
+    else if (leaf.kind != 'i' || parent.kind != 'i')
+        PyErr_SetString(PyExc_TypeError, "leaves and parent: int32 items expected");
+    else if (values.len / 8 != leaf.n)
+        PyErr_Format(PyExc_ValueError, "%zd values for %zd leaves", values.len / 8, leaf.n);
+    else if (parent.n < n)
+        PyErr_Format(PyExc_ValueError, "%zd parents for %zd totals", parent.n, n);
+    else if ((bad = outside(&leaf, 0, n)) >= 0)
+        PyErr_Format(PyExc_IndexError, "leaf %lld (item %zd) is outside the %zd nodes",
+                     (long long)item(&leaf, bad), bad, n);
+    else {
+        const int32_t *up = parent.buf.buf;
+        for (Py_ssize_t i = 1; i < n && bad < 0; i++)
+            if (up[i] < 0 || up[i] >= i)
+                bad = i;
+        if (bad >= 0)
+            PyErr_Format(PyExc_ValueError, "node %zd's parent (%d) is not an earlier node",
+                         bad, up[bad]);
+        else {
+            int done;
+            Unit u = unit_of((uint64_t)g);
+            Py_BEGIN_ALLOW_THREADS
+            memset(scratch.buf.buf, 0, n * sizeof(uint32_t));
+            done = totals_u32(total.buf, scratch.buf.buf, leaf.buf.buf, values.buf, leaf.n,
+                              up, n, u, g);
+            Py_END_ALLOW_THREADS
+            result = PyBool_FromLong(done);
+        }
+    }
+    PyBuffer_Release(&parent.buf);
+values:
+    PyBuffer_Release(&values);
+leaf:
+    PyBuffer_Release(&leaf.buf);
+scratch:
+    PyBuffer_Release(&scratch.buf);
+total:
+    PyBuffer_Release(&total);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"add_at", (PyCFunction)(void (*)(void))add_at, METH_VARARGS | METH_KEYWORDS,
      "add_at(out, index, values, seen=None) -> sum of |values|: out[index[i]] += values[i]."},
@@ -502,6 +601,8 @@ static PyMethodDef methods[] = {
      "they fit."},
     {"present", (PyCFunction)present, METH_VARARGS,
      "present(first, seen, out=None, sums=None, unit=1) -> count: where first != 0 or seen."},
+    {"unit_totals", (PyCFunction)unit_totals, METH_VARARGS,
+     "unit_totals(total, scratch, leaves, values, parent, unit) -> done: a tree's totals."},
     {"roll_up", (PyCFunction)roll_up, METH_VARARGS,
      "roll_up(total, parent): total[parent[i]] += total[i], from the last node to node 1."},
     {NULL, NULL, 0, NULL},

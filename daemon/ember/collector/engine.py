@@ -70,6 +70,9 @@ class Tree:
         leaves = index.leaves(agg)
         parent = index.arrays()[0]
         values = agg.sums(value)
+        in_units = scatter.unit_totals(leaves, values, parent)
+        if in_units is not None:
+            return cls(index, in_units, agg.profiles, unit, offcpu, scale, sample_types)
         own = np.zeros(len(parent), np.int64)
         # sums past int64 saturate; a saturated total no longer gives its
         # node's own value back (total less children), so that is kept

@@ -147,6 +147,30 @@ def unit(values: npt.NDArray[Any]) -> int:
     return g if g <= UNIT_MAX else 1
 
 
+def unit_totals(leaves: Nodes, values: I64, parent: npt.NDArray[Any]) -> I64 | None:
+    """A tree's totals, as ``add_at`` of the leaves' values at their nodes
+    and ``roll_up`` give them (one per node of ``parent``), summed in C in
+    32 bits, in units of the values' common divisor (``unit``); None where
+    the loops are not built, the arrays are not the index's int32, or a
+    value or sum does not fit (the caller sums in int64). Half the memory
+    of int64 sums, for writes that land at random: one host's hour, 527,000
+    leaves into 800,000 nodes, and their roll-up."""
+    if _scatter is None or leaves.dtype != np.int32 or parent.dtype != np.int32:
+        return None
+    g = unit(values)
+    # (the root's total, where values are not negative: every other sum is
+    # at most that; off-CPU nanoseconds pass 2^32 in 4.3 s, found here and
+    # not at the end of the roll-up. The loops check each sum all the same.)
+    if float(values.sum(dtype=np.float64)) >= g * 2.0**32:
+        return None
+    total = np.empty(len(parent), np.int64)
+    scratch = np.empty(len(parent), np.uint32)
+    done = _scatter.unit_totals(total, scratch, np.ascontiguousarray(leaves),
+                                np.ascontiguousarray(values, np.int64),
+                                np.ascontiguousarray(parent), g)
+    return total if done else None
+
+
 def roll_up(total: I64, parent: npt.NDArray[Any], levels: Callable[[], Sequence[Nodes]]
             ) -> None:
     """Each node's total added into its parent's, from the last node up,
