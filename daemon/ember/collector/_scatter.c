@@ -50,6 +50,16 @@
 /* The largest unit: 32-bit sums times it stay below 2^63 when widened. */
 #define UNIT_MAX 0x7fffffffLL
 
+/* How many rows ahead the scattered loops ask for the line they will add
+ * into: their sums (3-6 MB) do not stay in a core's cache, and each row's
+ * is a miss the processor cannot foresee. */
+#define AHEAD 32
+#define FETCH(o, idx, i, n)                                                  \
+    do {                                                                     \
+        if ((i) + AHEAD < (n))                                               \
+            __builtin_prefetch(&(o)[(idx)[(i) + AHEAD]], 1, 3);              \
+    } while (0)
+
 static inline int64_t sat_add(int64_t a, int64_t b)
 {
     int64_t r;
@@ -90,6 +100,7 @@ static Py_ssize_t outside(const Ints *a, int64_t lo, int64_t hi)
     {                                                                                \
         uint64_t size = 0;                                                           \
         for (Py_ssize_t i = 0; i < n; i++) {                                         \
+            FETCH(o, idx, i, n);                                                     \
             int64_t at = (int64_t)idx[i];                                            \
             o[at] = sat_add(o[at], v[i]);                                            \
             uint64_t mag = v[i] < 0 ? -(uint64_t)v[i] : (uint64_t)v[i];              \
@@ -175,6 +186,7 @@ static PyObject *add_at(PyObject *self, PyObject *args, PyObject *kwargs)
             return;                                                                  \
         }                                                                            \
         for (Py_ssize_t i = 0; i < n; i++) {                                         \
+            FETCH(o, idx, i, n);                                                     \
             int64_t at = (int64_t)idx[i];                                            \
             o[at] = sat_add(o[at], v[i]);                                            \
             if (__builtin_expect(v[i] <= 0, 0))                                      \
@@ -373,6 +385,7 @@ static Unit unit_of(uint64_t g)
                            Py_ssize_t n, Unit u)                                     \
     {                                                                                \
         for (Py_ssize_t i = 0; i < n; i++) {                                         \
+            FETCH(o, idx, i, n);                                                     \
             uint64_t x = (uint64_t)v[i];   /* (a negative value: past the limit) */  \
             uint64_t q = (x >> u.k) * u.inv;                                         \
             uint32_t r, *at = &o[idx[i]];                                            \
@@ -481,6 +494,8 @@ static PyObject *roll_up(PyObject *self, PyObject *args)
             int64_t *t = total.buf;
             Py_BEGIN_ALLOW_THREADS
             for (Py_ssize_t i = n - 1; i > 0; i--) {
+                if (i > AHEAD)
+                    __builtin_prefetch(&t[item(&parent, i - AHEAD)], 1, 3);
                 int64_t up = item(&parent, i);
                 t[up] = sat_add(t[up], t[i]);
             }
@@ -506,6 +521,7 @@ static int totals_u32(int64_t *t, uint32_t *s, const int32_t *leaf, const int64_
                       Py_ssize_t k, const int32_t *parent, Py_ssize_t n, Unit u, int64_t g)
 {
     for (Py_ssize_t i = 0; i < k; i++) {
+        FETCH(s, leaf, i, k);
         uint64_t x = (uint64_t)v[i];
         uint64_t q = (x >> u.k) * u.inv;
         uint32_t *at = &s[leaf[i]];
@@ -514,6 +530,8 @@ static int totals_u32(int64_t *t, uint32_t *s, const int32_t *leaf, const int64_
             return 0;
     }
     for (Py_ssize_t i = n - 1; i > 0; i--) {
+        if (i > AHEAD)
+            __builtin_prefetch(&s[parent[i - AHEAD]], 1, 3);
         if (__builtin_add_overflow(s[parent[i]], s[i], &s[parent[i]]))
             return 0;
         t[i] = (int64_t)s[i] * g;
