@@ -60,6 +60,31 @@
             __builtin_prefetch(&(o)[(idx)[(i) + AHEAD]], 1, 3);              \
     } while (0)
 
+/* Whether g is not a unit the 32-bit loops take (a ValueError set). */
+static int bad_unit(long long g)
+{
+    if (g >= 1 && g <= UNIT_MAX)
+        return 0;
+    PyErr_Format(PyExc_ValueError, "unit %lld: from 1 to 2^31 - 1", g);
+    return 1;
+}
+
+/* Whether a node of the first n is not after its parent, as the index
+ * numbers them (a ValueError set naming the first): checked before a
+ * roll-up writes anything. */
+static int bad_parents(const Ints *parent, Py_ssize_t n)
+{
+    for (Py_ssize_t i = 1; i < n; i++) {
+        int64_t up = item(parent, i);
+        if (up < 0 || up >= i) {
+            PyErr_Format(PyExc_ValueError, "node %zd's parent (%lld) is not an earlier node",
+                         i, (long long)up);
+            return 1;
+        }
+    }
+    return 0;
+}
+
 static inline int64_t sat_add(int64_t a, int64_t b)
 {
     int64_t r;
@@ -409,10 +434,8 @@ static PyObject *sum_narrow(PyObject *self, PyObject *args)
     long long g = 1;
     if (!PyArg_ParseTuple(args, "OOOO|L:sum_narrow", &acc_o, &index_o, &values_o, &seen_o, &g))
         return NULL;
-    if (g < 1 || g > UNIT_MAX) {
-        PyErr_Format(PyExc_ValueError, "unit %lld: from 1 to 2^31 - 1", g);
+    if (bad_unit(g))
         return NULL;
-    }
     Ints acc, index;
     Py_buffer values, seen;
     int has_seen = seen_o != Py_None;
@@ -478,31 +501,21 @@ static PyObject *roll_up(PyObject *self, PyObject *args)
         return NULL;
     }
     PyObject *result = NULL;
-    Py_ssize_t n = total.len / 8, bad = -1;
+    Py_ssize_t n = total.len / 8;
     if (parent.n < n)
         PyErr_Format(PyExc_ValueError, "%zd parents for %zd totals", parent.n, n);
-    else {
-        for (Py_ssize_t i = 1; i < n && bad < 0; i++) {
+    else if (!bad_parents(&parent, n)) {
+        int64_t *t = total.buf;
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t i = n - 1; i > 0; i--) {
+            if (i > AHEAD)
+                __builtin_prefetch(&t[item(&parent, i - AHEAD)], 1, 3);
             int64_t up = item(&parent, i);
-            if (up < 0 || up >= i)
-                bad = i;
+            t[up] = sat_add(t[up], t[i]);
         }
-        if (bad >= 0)
-            PyErr_Format(PyExc_ValueError, "node %zd's parent (%lld) is not an earlier node",
-                         bad, (long long)item(&parent, bad));
-        else {
-            int64_t *t = total.buf;
-            Py_BEGIN_ALLOW_THREADS
-            for (Py_ssize_t i = n - 1; i > 0; i--) {
-                if (i > AHEAD)
-                    __builtin_prefetch(&t[item(&parent, i - AHEAD)], 1, 3);
-                int64_t up = item(&parent, i);
-                t[up] = sat_add(t[up], t[i]);
-            }
-            Py_END_ALLOW_THREADS
-            result = Py_None;
-            Py_INCREF(result);
-        }
+        Py_END_ALLOW_THREADS
+        result = Py_None;
+        Py_INCREF(result);
     }
     PyBuffer_Release(&parent.buf);
     PyBuffer_Release(&total);
@@ -520,15 +533,8 @@ static PyObject *roll_up(PyObject *self, PyObject *args)
 static int totals_u32(int64_t *t, uint32_t *s, const int32_t *leaf, const int64_t *v,
                       Py_ssize_t k, const int32_t *parent, Py_ssize_t n, Unit u, int64_t g)
 {
-    for (Py_ssize_t i = 0; i < k; i++) {
-        FETCH(s, leaf, i, k);
-        uint64_t x = (uint64_t)v[i];
-        uint64_t q = (x >> u.k) * u.inv;
-        uint32_t *at = &s[leaf[i]];
-        if (((x & u.low) != 0) | (q > u.lim) | (q > UINT32_MAX)
-            || __builtin_add_overflow(*at, (uint32_t)q, at))
-            return 0;
-    }
+    if (narrow_i32(s, leaf, v, NULL, k, u) < k)   /* (sum_narrow's loop, unmarked) */
+        return 0;
     for (Py_ssize_t i = n - 1; i > 0; i--) {
         if (i > AHEAD)
             __builtin_prefetch(&s[parent[i - AHEAD]], 1, 3);
@@ -549,10 +555,8 @@ static PyObject *unit_totals(PyObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "OOOOOL:unit_totals", &total_o, &scratch_o, &leaf_o, &values_o,
                           &parent_o, &g))
         return NULL;
-    if (g < 1 || g > UNIT_MAX) {
-        PyErr_Format(PyExc_ValueError, "unit %lld: from 1 to 2^31 - 1", g);
+    if (bad_unit(g))
         return NULL;
-    }
     Py_buffer total, values;
     Ints scratch, leaf, parent;
     PyObject *result = NULL;
@@ -578,24 +582,15 @@ static PyObject *unit_totals(PyObject *self, PyObject *args)
     else if ((bad = outside(&leaf, 0, n)) >= 0)
         PyErr_Format(PyExc_IndexError, "leaf %lld (item %zd) is outside the %zd nodes",
                      (long long)item(&leaf, bad), bad, n);
-    else {
-        const int32_t *up = parent.buf.buf;
-        for (Py_ssize_t i = 1; i < n && bad < 0; i++)
-            if (up[i] < 0 || up[i] >= i)
-                bad = i;
-        if (bad >= 0)
-            PyErr_Format(PyExc_ValueError, "node %zd's parent (%d) is not an earlier node",
-                         bad, up[bad]);
-        else {
-            int done;
-            Unit u = unit_of((uint64_t)g);
-            Py_BEGIN_ALLOW_THREADS
-            memset(scratch.buf.buf, 0, n * sizeof(uint32_t));
-            done = totals_u32(total.buf, scratch.buf.buf, leaf.buf.buf, values.buf, leaf.n,
-                              up, n, u, g);
-            Py_END_ALLOW_THREADS
-            result = PyBool_FromLong(done);
-        }
+    else if (!bad_parents(&parent, n)) {
+        int done;
+        Unit u = unit_of((uint64_t)g);
+        Py_BEGIN_ALLOW_THREADS
+        memset(scratch.buf.buf, 0, n * sizeof(uint32_t));
+        done = totals_u32(total.buf, scratch.buf.buf, leaf.buf.buf, values.buf, leaf.n,
+                          parent.buf.buf, n, u, g);
+        Py_END_ALLOW_THREADS
+        result = PyBool_FromLong(done);
     }
     PyBuffer_Release(&parent.buf);
 values:
