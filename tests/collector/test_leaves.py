@@ -186,7 +186,7 @@ def test_sums_from_the_rows_are_the_store_s_own_to_the_last_unit() -> None:
     big = rng.integers(0, 1 << 62, n).astype(np.int64)
     big[leaf == 9] = (1 << 63) - 1                   # sums past 2^63: capped
     mid = rng.integers(1 << 31, 1 << 40, n).astype(np.int64)
-    ids, (s_small, s_big, s_mid) = leaves.sum_by_leaf(leaf, [small, big, mid])
+    ids, (s_small, s_big, s_mid) = leaves.sum_by_leaf([(leaf, [small, big, mid])], 3)
     exact: dict[int, list[int]] = {}
     for i, a, b, c in zip(leaf.tolist(), small.tolist(), big.tolist(), mid.tolist(),
                           strict=True):
@@ -201,10 +201,11 @@ def test_sums_from_the_rows_are_the_store_s_own_to_the_last_unit() -> None:
     assert s_mid.tolist() == [exact[i][2] for i in sorted(exact)]
     # one leaf's sum past 2^53 from values below 2^42: float64 at once would round
     heavy = (rng.integers(0, 1 << 20, 8192) * 2 + 1 + (1 << 41)).astype(np.int64)
-    ids, (s_heavy,) = leaves.sum_by_leaf(np.zeros(8192, np.uint32), [heavy])
+    ids, (s_heavy,) = leaves.sum_by_leaf([(np.zeros(8192, np.uint32), [heavy])], 1)
     assert s_heavy.tolist() == [sum(heavy.tolist())] and s_heavy[0] > 1 << 53
     with pytest.raises(ValueError):
-        leaves.sum_by_leaf(np.zeros(leaves.RAW_ROWS + 1, np.uint32), [])
+        leaves.sum_by_leaf([(np.zeros(leaves.RAW_ROWS, np.uint32), []),
+                            (np.zeros(1, np.uint32), [])], 0)
 
 
 def test_a_few_series_merged_from_their_rows_answer_as_the_grouped_merge(

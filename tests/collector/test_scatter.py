@@ -4,6 +4,8 @@ summed one addition at a time, each saturating at the int64 limits."""
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 
@@ -196,16 +198,22 @@ def test_sums_by_leaf_are_the_same_in_c_and_numpy(monkeypatch: pytest.MonkeyPatc
     leaf = rng.integers(0, 5_000, 100_000).astype(np.uint32)
     values = [rng.integers(0, 1 << 20, len(leaf)).astype(np.int64),
               rng.integers(0, 1 << 62, len(leaf)).astype(np.int64)]
-    in_c = leaves.sum_by_leaf(leaf, values)
+    # (in parts, as a query's batches come: cut at uneven places)
+    cuts = [0, 1, 40_000, 40_000, 99_999, len(leaf)]
+    parts = [(leaf[a:b], [v[a:b] for v in values]) for a, b in itertools.pairwise(cuts)]
+    in_c = leaves.sum_by_leaf(parts, 2)
+    assert [x.tolist() for x in in_c[1]] == [x.tolist() for x in
+                                             leaves.sum_by_leaf([(leaf, values)], 2)[1]]
     monkeypatch.setattr(scatter, "IN_C", False)
-    in_numpy = leaves.sum_by_leaf(leaf, values)
+    in_numpy = leaves.sum_by_leaf(parts, 2)
     assert in_c[0].dtype == in_numpy[0].dtype == np.uint32
     assert in_c[0].tolist() == in_numpy[0].tolist()
     for a, b in zip(in_c[1], in_numpy[1], strict=True):
         assert a.dtype == b.dtype == np.int64
         assert a.tolist() == b.tolist()
     # no columns at all: the leaves the rows name
-    assert leaves.sum_by_leaf(leaf, [])[0].tolist() == sorted(set(leaf.tolist()))
+    assert leaves.sum_by_leaf([(leaf, [])], 0)[0].tolist() == sorted(set(leaf.tolist()))
+    assert leaves.sum_by_leaf([], 2)[0].tolist() == []
 
 
 @pytest.mark.parametrize("columns", [0, 1, 3])

@@ -18,12 +18,14 @@ table grows with the distinct pairs ever stored (20 bytes each).
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 
 import duckdb
 import numpy as np
 import numpy.typing as npt
 
 from . import scatter
+from .results import batches
 
 _MIX = np.uint64(0x9E3779B97F4A7C15)
 #: DuckDB sums into an array when the grouped ids span at most 2^this.
@@ -159,17 +161,23 @@ RAW_ROWS = 1 << 21
 _INT64_MAX = (1 << 63) - 1
 
 
-def sum_by_leaf(leaf: npt.NDArray[np.uint32], values: list[npt.NDArray[np.int64]]
-                ) -> tuple[npt.NDArray[np.uint32], list[npt.NDArray[np.int64]]]:
-    """The leaves of at most ``RAW_ROWS`` rows, ascending, and each values
-    column summed per leaf, exactly (capped at 2^63 - 1, as the store's own
-    sums are; values are never negative). A column whose total is below
-    2^53 is summed in float64 at once (every partial sum is exact); any
-    other in its 32-bit halves, each exact up to 2^53 (2^21 rows of 2^32)."""
-    if len(leaf) > RAW_ROWS:
-        raise ValueError(f"{len(leaf)} rows, at most {RAW_ROWS} summed here")
+def sum_by_leaf(parts: Sequence[tuple[npt.NDArray[np.uint32], Sequence[npt.NDArray[np.int64]]]],
+                columns: int) -> tuple[npt.NDArray[np.uint32], list[npt.NDArray[np.int64]]]:
+    """The leaves of at most ``RAW_ROWS`` rows, in parts (a query's batches:
+    each its leaves and a values array per column), ascending, and each
+    values column summed per leaf, exactly (capped at 2^63 - 1, as the
+    store's own sums are; values are never negative). A column whose total
+    is below 2^53 is summed in float64 at once (every partial sum is
+    exact); any other in its 32-bit halves, each exact up to 2^53 (2^21
+    rows of 2^32)."""
+    rows = sum(len(leaf) for leaf, _ in parts)
+    if rows > RAW_ROWS:
+        raise ValueError(f"{rows} rows, at most {RAW_ROWS} summed here")
     if scatter.IN_C:   # one exact loop a column (a third of bincount's time)
-        return scatter.sum_per_index([(leaf, values)], len(values))
+        return scatter.sum_per_index(parts, columns)
+    leaf = np.concatenate([np.zeros(0, np.uint32), *(ix for ix, _ in parts)])
+    values = [np.concatenate([np.zeros(0, np.int64), *(vs[c] for _, vs in parts)])
+              for c in range(columns)]
     idx = leaf.astype(np.intp)
     # (marked in a bool array: a third cheaper than counting in an int64 one)
     mark = np.zeros(int(leaf.max(initial=0)) + 1, bool)
@@ -193,11 +201,12 @@ def raw_sums(cur: duckdb.DuckDBPyConnection, where: str, args: list[object],
     """``SELECT leaf, sum(c)... FROM samples WHERE where GROUP BY leaf`` for
     a few of the series: summed by ``sum_by_leaf`` from the rows, or None
     (nothing read past ``RAW_ROWS`` + 1 rows) when there are more."""
-    # (as merge.columns reads: DuckDB's rows converted as it makes them)
-    got = cur.sql(f"SELECT leaf, {', '.join(columns)} FROM samples WHERE {where} "
-                  f"LIMIT {RAW_ROWS + 1}", params=args).fetchnumpy()
-    leaf = np.asarray(got.pop("leaf"), np.uint32)
-    if len(leaf) > RAW_ROWS:
+    # (the rows' batches summed as they are: results.py)
+    got = batches(cur, f"SELECT leaf, {', '.join(columns)} FROM samples WHERE {where} "
+                  f"LIMIT {RAW_ROWS + 1}", args, RAW_ROWS)
+    if got is None:
         return None
-    ids, sums = sum_by_leaf(leaf, [np.asarray(c, np.int64) for c in got.values()])
+    parts = list(zip(got.pop("leaf"), *got.values(), strict=True))
+    ids, sums = sum_by_leaf([(p[0], [np.asarray(v, np.int64) for v in p[1:]]) for p in parts],
+                            len(got))
     return {"leaf": ids, **dict(zip(got, sums, strict=True))}

@@ -33,6 +33,7 @@ from ..model import ProfileType
 from .blocksums import Part, add_up
 from .leaves import raw_sums
 from .matchers import Matchers
+from .results import columns
 from .rollup import Block, capped_sum, runs
 from .rows import Aggregate, shape_json
 
@@ -69,15 +70,6 @@ def in_series(series: Sequence[int]) -> tuple[str, list[Any]]:
         return f" AND series IN ({', '.join(str(int(s)) for s in series)})", []
     return (f" AND series BETWEEN {int(min(series))} AND {int(max(series))} "
             "AND series IN (SELECT unnest(?::UINTEGER[]))", [list(series)])
-
-
-def columns(cur: duckdb.DuckDBPyConnection, sql: str, args: Sequence[Any] = ()
-            ) -> dict[str, Any]:
-    """A query's result as numpy columns, taken from DuckDB as it makes
-    them: ``execute().fetchnumpy()`` gathers the whole result first and
-    converts it after, and one host's hour (1.25M rows) took 45 ms to read
-    that way, 29 this way."""
-    return cur.sql(sql, params=list(args)).fetchnumpy()
 
 
 def where(store: Store, start_ns: int, end_ns: int, series: Sequence[int],

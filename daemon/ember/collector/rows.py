@@ -19,6 +19,7 @@ from ..model import Profile, ProfileType, Sample
 from ..proto import profile_pb2 as pb
 from .intern import MAX_VALUES, Interner, Rows
 from .matchers import Matchers
+from .results import columns
 
 if TYPE_CHECKING:
     from .decode import Tables
@@ -180,7 +181,6 @@ def as_sent(store: Store, start_ns: int, end_ns: int, matchers: Matchers,
     was sent (rebuilt from its rows: the samples with their frames, threads
     and values; two profiles of one series, type and start time come back
     as one), oldest first."""
-    from .merge import columns  # (merge reads this module's Aggregate)
     from .merge import where as where_of
     series = store.series_matching(matchers)
     where = where_of(store, start_ns, end_ns, series, type_)
