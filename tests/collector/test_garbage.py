@@ -164,3 +164,24 @@ def test_a_worker_that_saw_a_forgotten_thread_still_stores_it() -> None:
         assert read_back(store) == sent(again)
     finally:
         store.close()
+
+
+def test_the_series_a_selector_matches_follow_writes_and_retention() -> None:
+    """series_matching remembers a selector's series while none comes or
+    goes: a new one, or one retention forgets, is seen at the next ask."""
+    store = Store(":memory:")
+    rng = random.Random(8)
+    sel = selector(["pid=~1[0-3]"])
+
+    def pids() -> list[int]:
+        return sorted(int(store.series_labels(n)["pid"]) for n in store.series_matching(sel))
+    write(store, rng, 10, T0)
+    write(store, rng, 11, T0)
+    assert pids() == [10, 11]
+    store.series_matching(sel).clear()   # (a copy: the one remembered stays)
+    assert pids() == [10, 11]
+    write(store, rng, 12, T0 + 5 * S)
+    write(store, rng, 14, T0 + 5 * S)
+    assert pids() == [10, 11, 12]
+    assert retain_from(store, T0 + 3 * S)[0] > 0
+    assert pids() == [12]

@@ -117,6 +117,7 @@ def _aggregate(cur: duckdb.DuckDBPyConnection, store: Store, span: tuple[int, in
     n = len(shape.sample_types)
     skipped: dict[str, int] = {}
     summed = [f"v{i}" for i in range(n) if value in (None, i)]
+    committed = False
     try:
         cur.execute("BEGIN TRANSACTION")
         # (fetchall: a result left unfinished would refuse ``columns`` below)
@@ -156,12 +157,14 @@ def _aggregate(cur: duckdb.DuckDBPyConnection, store: Store, span: tuple[int, in
                 got = _grouped(cur, store, clause, args, summed, by_name, rolled,
                                (start_ns, end_ns, upto))
         cur.execute("COMMIT")
+        committed = True
     except duckdb.Error as exc:
         check_cancelled()
         raise StorageError(f"query failed: {exc}") from None
     finally:
-        with contextlib.suppress(duckdb.Error):
-            cur.execute("ROLLBACK")
+        if not committed:   # (a ROLLBACK with none open fails: 0.3-0.5 ms an answer)
+            with contextlib.suppress(duckdb.Error):
+                cur.execute("ROLLBACK")
     cols = list(got.values())
     thread = stack = leaf = None
     if by_name:   # (the leaf ids name the pairs: store.leaves.pairs)
