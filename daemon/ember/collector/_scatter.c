@@ -280,26 +280,30 @@ seen:
 /* Whether an index is present: its first sum is not 0 or it is marked. */
 #define IS(f, s, i) (((f) && (f)[i] != 0) | ((s)[i] != 0))
 
-/* The fill of present: the indices into o, and with w the first sums times
- * g into w. No branch: a third to two thirds of one host's leaves are
- * present, in no order a branch predictor could learn; the last write
- * lands in the slot after the last present, so the loop stops short of it. */
+/* The fill of present: the indices into o (k slots), and with w the first
+ * sums times g into w; how many it wrote, and in *stop the index after the
+ * last it read (it stops at the k-th present). No branch: a third to two
+ * thirds of one host's leaves are present, in no order a branch predictor
+ * could learn; the last write lands in the slot after the last present, so
+ * the loop stops short of it. */
 #define FILL(name, type)                                                            \
-    static void name(const type *f, const uint8_t *s, Py_ssize_t m, Py_ssize_t k,    \
-                     uint32_t *o, int64_t *w, int64_t g)                             \
+    static Py_ssize_t name(const type *f, const uint8_t *s, Py_ssize_t m, Py_ssize_t k, \
+                           uint32_t *o, int64_t *w, int64_t g, Py_ssize_t *stop)     \
     {                                                                                \
-        Py_ssize_t j = 0;                                                            \
+        Py_ssize_t j = 0, i = 0;                                                     \
         if (w)                                                                       \
-            for (Py_ssize_t i = 0; i < m && j < k; i++) {                            \
+            for (; i < m && j < k; i++) {                                            \
                 o[j] = (uint32_t)i;                                                  \
                 w[j] = (int64_t)f[i] * g;                                            \
                 j += IS(f, s, i);                                                    \
             }                                                                        \
         else                                                                         \
-            for (Py_ssize_t i = 0; i < m && j < k; i++) {                            \
+            for (; i < m && j < k; i++) {                                            \
                 o[j] = (uint32_t)i;                                                  \
                 j += IS(f, s, i);                                                    \
             }                                                                        \
+        *stop = i;                                                                   \
+        return j;                                                                    \
     }
 FILL(fill_u32, uint32_t)
 FILL(fill_i64, int64_t)
@@ -341,28 +345,28 @@ static PyObject *present(PyObject *self, PyObject *args)
     else if (g < 1 || g > (f64 ? 1 : UNIT_MAX))
         PyErr_Format(PyExc_ValueError, "unit %lld: from 1 to %s", g,
                      f64 ? "1 (int64 sums)" : "2^31 - 1");
+    else if (has_sums && sums.len / 8 != out.n)
+        PyErr_Format(PyExc_ValueError, "sums holds %zd items for %zd present",
+                     sums.len / 8, out.n);
     else {
+        /* with out: filled, then what is present after the last it took
+         * counted (one pass, not a count first and the fill after) */
+        Py_ssize_t from = 0;
+        if (has_out) {
+            int64_t *w = has_sums ? sums.buf : NULL;
+            k = f64 ? fill_i64(f64, s, m, out.n, out.buf.buf, w, g, &from)
+                    : fill_u32(f32, s, m, out.n, out.buf.buf, w, g, &from);
+        }
         if (f64)
-            for (Py_ssize_t i = 0; i < m; i++)
+            for (Py_ssize_t i = from; i < m; i++)
                 k += IS(f64, s, i);
         else
-            for (Py_ssize_t i = 0; i < m; i++)
+            for (Py_ssize_t i = from; i < m; i++)
                 k += IS(f32, s, i);
         if (has_out && out.n != k)
             PyErr_Format(PyExc_ValueError, "out holds %zd items for %zd present", out.n, k);
-        else if (has_sums && sums.len / 8 != k)
-            PyErr_Format(PyExc_ValueError, "sums holds %zd items for %zd present",
-                         sums.len / 8, k);
-        else {
-            if (has_out) {
-                int64_t *w = has_sums ? sums.buf : NULL;
-                if (f64)
-                    fill_i64(f64, s, m, k, out.buf.buf, w, g);
-                else
-                    fill_u32(f32, s, m, k, out.buf.buf, w, g);
-            }
+        else
             result = PyLong_FromSsize_t(k);
-        }
     }
     if (has_sums)
         PyBuffer_Release(&sums);
