@@ -101,3 +101,31 @@ def selector(spec: Selector | Mapping[str, str] | Iterable[str] | Sequence[Match
     else:
         ms = [m if isinstance(m, Matcher) else parse(m) for m in spec if m]
     return Selector(tuple(sorted(ms, key=lambda m: (m.label, m.op, m.value))))
+
+
+class Matches:
+    """The series each selector matched (Store.series_matching), remembered
+    until told a series came or went: an answer asks two or three times,
+    each a pass over every series' labels (about 1.7 ms of one host's)."""
+
+    MOST = 64   # selectors remembered at most
+
+    def __init__(self) -> None:
+        self._changes = 0
+        self._memo: tuple[int, dict[tuple[str, ...], list[int]]] = (0, {})
+
+    def changed(self) -> None:
+        """A series came or went (the memo is of the count before)."""
+        self._changes += 1
+
+    def of(self, sel: Selector, labels: Mapping[int, Mapping[str, str]]) -> list[int]:
+        """The numbers of the series in ``labels`` that ``sel`` selects."""
+        now, key = self._changes, sel.key()
+        at, memo = self._memo
+        if at == now and key in memo:
+            return list(memo[key])
+        got = [num for num, held in list(labels.items()) if sel.holds(held)]
+        if at != now or len(memo) >= self.MOST:
+            self._memo = at, memo = now, {}
+        memo[key] = got
+        return list(got)

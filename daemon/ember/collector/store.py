@@ -45,7 +45,7 @@ from .blocksums import BlockSums
 from .cluster import Clusterer
 from .intern import Interner, Rows, labels_json, series_id, thread_name_id, type_id
 from .leaves import PERFECT_BITS, Leaves
-from .matchers import Matchers, selector
+from .matchers import Matchers, Matches, selector
 from .numbers import Numbers, numbered_rows
 from .rollup import Seals, seal, unsealed
 from .rows import Aggregate, Queue, Row, StoredProfile, Write, as_sent, rows_of, shape_of
@@ -69,8 +69,6 @@ log = logging.getLogger(__name__)
 SIZE_FRESH_S = 1.0
 #: DuckDB's threads
 THREADS = 2
-#: Selectors whose series are remembered (series_matching), at most
-MATCHED_SELECTORS = 64
 
 
 class Store:
@@ -91,9 +89,7 @@ class Store:
         self._sized, self._grown = (-SIZE_FRESH_S, 0), 0    # size_bytes: (when, bytes)
         self.interner = Interner()
         self._series_labels: dict[int, dict[str, str]] = {}   # by series number
-        self._labels_changed = 0   # counts each change of the above
-        # (the series each selector matched, as of a count: series_matching)
-        self._matched: tuple[int, dict[tuple[str, ...], list[int]]] = (0, {})
+        self.matches = Matches()   # (what each selector matched: told when those change)
         self.series_nums, self.thread_nums = Numbers("series"), Numbers("threads")
         self.seen = garbage.Seen()   # each thread's and series' newest row, to forget them
         self._shapes: dict[int, list[tuple[str, ProfileType]]] = {}   # type id -> shapes
@@ -129,7 +125,7 @@ class Store:
         """The interned ids and small tables, into memory."""
         db = self._db
         it, thread_nums, self._series_labels, sids, snums = load_interned(db)
-        self._labels_changed += 1
+        self.matches.changed()
         self.thread_nums.load(np.fromiter(it.threads, np.uint64, len(it.threads)), thread_nums)
         self.series_nums.load(sids, snums)
         self.thread_names = {thread_name_id(k[2]): clean(k[2]) for k in it.threads.values()}
@@ -252,8 +248,7 @@ class Store:
             self.thread_names.setdefault(thread_name_id(key[2]), clean(key[2]))
         for sid, labels in rows.new_series.items():
             self._series_labels[numbered.series[sid]] = dict(json.loads(labels))
-        if rows.new_series:
-            self._labels_changed += 1
+            self.matches.changed()
         for sp, shape in meta:
             self._note_type(sp.type, type_id(sp.type), shape)
         if meta:
@@ -284,20 +279,8 @@ class Store:
 
     # --- reading ---
     def series_matching(self, matchers: Matchers) -> list[int]:
-        """The numbers of the series whose labels the matchers select
-        (collector/matchers.py)."""
-        sel = selector(matchers)
-        changed, key = self._labels_changed, sel.key()
-        # (remembered while no series comes or goes: an answer asks two or
-        # three times, each a pass over every series' labels)
-        at, memo = self._matched
-        if at == changed and key in memo:
-            return list(memo[key])
-        got = [sid for sid, labels in list(self._series_labels.items()) if sel.holds(labels)]
-        if at != changed or len(memo) >= MATCHED_SELECTORS:
-            self._matched = at, memo = changed, {}
-        memo[key] = got
-        return list(got)
+        """The numbers of the series the matchers select (matchers.py)."""
+        return self.matches.of(selector(matchers), self._series_labels)
 
     def generation_of(self, series: Sequence[int]) -> int:
         """The newest generation that changed what these series (numbers)
@@ -365,8 +348,7 @@ class Store:
     def timeline(self, start_ns: int, end_ns: int, matchers: Matchers, type_: str
                  ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64],
                             npt.NDArray[np.int64]]:
-        """(time_ns, series number, samples) of each stored profile of the
-        range, as arrays (in no order)."""
+        """(time_ns, series number, samples) of each profile of the range: arrays, in no order."""
         return merge.timeline(self, start_ns, end_ns, matchers, type_)
 
     def series_count(self) -> int:
@@ -374,8 +356,7 @@ class Store:
 
     def query(self, start_ns: int, end_ns: int, matchers: Matchers,
               type_: str | None = None) -> list[Row]:
-        """Each stored profile overlapping the range whose labels match, as
-        it was sent (rows.as_sent)."""
+        """Each stored profile of the range whose labels match, as sent (rows.as_sent)."""
         return as_sent(self, start_ns, end_ns, matchers, type_)
 
     def stacks(self, ids: npt.NDArray[np.uint64]) -> dict[int, tuple[int, ...]]:
@@ -484,7 +465,7 @@ class Store:
             self._sized = (-SIZE_FRESH_S, 0)   # measured again at the next ask
             self.seen.forget(self._db, cutoff, self.interner, (self.thread_nums, self.series_nums),
                              self._series_labels, self._written)
-            self._labels_changed += 1
+            self.matches.changed()
         return n
 
     def _make_room(self, max_bytes: int, incoming: int) -> int:
