@@ -206,7 +206,7 @@ def raw_sums(cur: duckdb.DuckDBPyConnection, where: str, args: list[object],
                   f"LIMIT {RAW_ROWS + 1}", args, RAW_ROWS)
     if got is None:
         return None
-    parts = list(zip(got.pop("leaf"), *got.values(), strict=True))
-    ids, sums = sum_by_leaf([(p[0], [np.asarray(v, np.int64) for v in p[1:]]) for p in parts],
-                            len(got))
+    parts = [(leaf, [np.asarray(c[k], np.int64) for c in got.values()])
+             for k, leaf in enumerate(got.pop("leaf"))]
+    ids, sums = sum_by_leaf(parts, len(got))
     return {"leaf": ids, **dict(zip(got, sums, strict=True))}

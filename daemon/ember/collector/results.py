@@ -37,10 +37,10 @@ DTYPES: dict[str, type[np.generic]] = {
 def batches(cur: duckdb.DuckDBPyConnection, sql: str, args: Sequence[Any] = (),
             most: int = -1) -> dict[str, list[Any]] | None:
     """A query's columns, each as a list of arrays (one a batch, read-only,
-    in the result's order; at least one, if empty); None when it has more than ``most`` rows
-    (``most`` < 0: no limit), read no further than that where it can be. A
-    failed or interrupted query raises ``duckdb.Error``, as DuckDB's own
-    reads do."""
+    in the result's order; at least one, if empty); None when it has more
+    than ``most`` rows (``most`` < 0: no limit), read no further than that
+    where it can be. A failed or interrupted query raises ``duckdb.Error``,
+    as DuckDB's own reads do."""
     rel = cur.sql(sql, params=list(args))
     if _arrow is not None:
         try:
