@@ -449,7 +449,7 @@ def few_heaps() -> None:
     moves it with the other, to twice it): each answer's memory from the
     heaps went back to the system when freed and was faulted in again by
     the next, 1,100-2,200 page faults an answer of one host's hour. Keeping
-    ``KEEP_FREE`` at each heap's top: 370-560, and the answer 45.3-46.1 ms
+    ``KEEP_FREE`` at each heap's top: 380-580, and the answer 44.8-46.4 ms
     in-process against 49.3-52.1."""
     with contextlib.suppress(OSError, AttributeError):   # not glibc
         libc = ctypes.CDLL("libc.so.6")
