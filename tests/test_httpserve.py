@@ -260,6 +260,42 @@ def test_a_full_pool_answers_503_with_retry_after(
         s.shutdown()
 
 
+def test_requests_one_at_a_time_are_answered_by_one_worker() -> None:
+    """The worker that went idle last takes the next request (its heap
+    still holds what its last answer freed); requests at once each get a
+    worker of their own."""
+    threads: list[str] = []
+    gate = threading.Barrier(3, timeout=10)
+
+    def route(path: str, query: dict[str, list[str]], auth: str) -> Reply:
+        threads.append(threading.current_thread().name)
+        if path == "/together":
+            gate.wait()
+        return 200, b"ok", "text/plain"
+
+    s = serve("127.0.0.1:0", route, "test", workers=4)
+    try:
+        for _ in range(6):
+            assert fetch(url_of(s, "/one")) == b"ok"
+        assert len(set(threads)) == 1, threads
+        threads.clear()
+        clients = [threading.Thread(target=fetch, args=(url_of(s, "/together"),))
+                   for _ in range(3)]
+        for t in clients:
+            t.start()
+        for t in clients:
+            t.join(10)
+        assert len(set(threads)) == 3, threads
+        threads.clear()
+        for _ in range(3):
+            fetch(url_of(s, "/one"))
+        assert len(set(threads)) == 1, threads
+    finally:
+        s.shutdown()
+    assert wait_for(lambda: not any(t.name.startswith("ember-http-test")
+                                    for t in threading.enumerate()), 5, every=0.01)
+
+
 def test_the_router_learns_its_client_left(
         blocking: tuple[threading.Event, threading.Event, list[bool]],
         caplog: pytest.LogCaptureFixture) -> None:

@@ -21,6 +21,7 @@ CA, whose failures become ember's errors carrying the server's own reason
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import contextvars
 import http.client
@@ -321,17 +322,48 @@ class _App:
 class _Pool:
     """Worker threads for the routers. Daemon threads, unlike
     ThreadPoolExecutor's, which the interpreter waits for at exit: a query
-    that never checks for cancellation must not hold up a daemon's exit."""
+    that never checks for cancellation must not hold up a daemon's exit.
+
+    A job goes to the worker that went idle last, so requests one at a
+    time are all answered by one thread, whose malloc heap still holds
+    what its last answer freed. Taken in turns (one queue every worker
+    waited on), each went to another thread, whose heap had given that
+    memory back: one host's answer took 44-48 ms in-process against 31-43,
+    with 1,300-1,950 page faults against 240. Jobs that find every worker
+    busy wait in order of arrival."""
 
     def __init__(self, workers: int, name: str):
         self.workers = workers
-        self.jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._idle: list[queue.SimpleQueue[Callable[[], None] | None]] = []   # last idle last
+        self._waiting: collections.deque[Callable[[], None]] = collections.deque()
+        self._stopped = False
         for i in range(workers):
-            threading.Thread(target=self._work, name=f"{name}-{i}", daemon=True).start()
+            mine: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+            self._idle.append(mine)
+            threading.Thread(target=self._work, args=(mine,), name=f"{name}-{i}",
+                             daemon=True).start()
 
-    def _work(self) -> None:
-        while (job := self.jobs.get()) is not None:
+    def _work(self, mine: queue.SimpleQueue[Callable[[], None] | None]) -> None:
+        job = mine.get()
+        while job is not None:
             job()
+            with self._lock:
+                if self._waiting:
+                    job = self._waiting.popleft()
+                    continue
+                if self._stopped:
+                    return
+                self._idle.append(mine)
+            job = mine.get()
+
+    def _put(self, job: Callable[[], None]) -> None:
+        with self._lock:
+            if not self._idle:
+                self._waiting.append(job)
+                return
+            worker = self._idle.pop()
+        worker.put(job)
 
     def submit(self, call: Callable[[], Reply | None]) -> asyncio.Future[Reply | None]:
         """A future, of the running loop, for what call returns (it must not
@@ -348,12 +380,16 @@ class _Pool:
             with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
                 loop.call_soon_threadsafe(done, result)
 
-        self.jobs.put(job)
+        self._put(job)
         return future
 
     def stop(self) -> None:
-        for _ in range(self.workers):
-            self.jobs.put(None)
+        """The workers end once no job waits (those running finish theirs)."""
+        with self._lock:
+            self._stopped = True
+            idle, self._idle = self._idle, []
+        for worker in idle:
+            worker.put(None)
 
 
 async def _disconnected(receive: _Receive, cancel: threading.Event) -> None:
