@@ -185,6 +185,52 @@ def test_the_json_written_from_arrays_is_the_nested_tree_s(
     store.close()
 
 
+def test_a_tree_summed_from_rows_as_read_is_the_tree_of_their_sums(
+        scatter_kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A few series' rows handed over as read (``raw``) and summed straight
+    into the tree's nodes: the same totals and own values as the tree of
+    the same rows summed per leaf, whether the index knew the leaves' nodes
+    (a warm index), some of them, or none (a fresh one: it learns them as
+    the sum goes); in numpy, the rows are summed per leaf first."""
+    store = Store(":memory:")
+    rng = random.Random(5)
+    for at in range(4):
+        write_fleet(store, rng, T0 + at * 10**9, pids=(10, 11, 12, 13, 14, 15, 16, 17))
+    one = selector(["pid=13"])
+    raw = store.aggregate(0, 1 << 62, one, store.types()[0], by_name=True, raw=True)
+    summed = store.aggregate(0, 1 << 62, one, store.types()[0], by_name=True)
+    assert raw is not None and summed is not None and raw.rows is not None
+    assert raw.leaf is None and raw.profiles == summed.profiles == 4
+    with pytest.raises(LookupError, match="summed\\(\\) sums them"):
+        raw.sums(0)
+    assert raw.summed().leaf.tolist() == summed.leaf.tolist()
+    warm = Index(store)
+    warm.leaves(store.aggregate(0, 1 << 62, selector([]), store.types()[0], by_name=True))
+    half = Index(store)
+    half.leaves(store.aggregate(0, 1 << 62, selector(["pid=13"]), store.types()[0],
+                                by_name=True, upto=None, ended_before=T0 + 2 * 10**9))
+    learned: list[int] = []
+    slots = Index.slots
+    monkeypatch.setattr(Index, "slots", lambda self, learn=None: (
+        learned.append(len(learn)) if learn is not None else None, slots(self, learn))[1])
+    for index, learns in ((warm, False), (half, True), (Index(store), True)):
+        learned.clear()
+        for value in (0, 1):
+            got = Tree.build(index, raw, value, "x")
+            want = Tree.build(index, summed, value, "x")
+            assert (got.own_units is not None) == (scatter_kind == "c")
+            n = min(len(got.total), len(want.total))
+            assert got.total[:n].tolist() == want.total[:n].tolist()
+            assert not got.total[n:].any() and not want.total[n:].any()
+            every = np.arange(n)
+            assert got.own_of(every).tolist() == want.own_of(every).tolist()
+            assert got.self_[:n].tolist() == want.self_[:n].tolist()
+            assert got.nested_json(0, 50) == want.nested_json(0, 50)
+        # (learned once, by the first tree: the second finds every node)
+        assert (len(learned) == 1 and learned[0] > 0) == (learns and scatter_kind == "c")
+    store.close()
+
+
 def test_the_c_text_of_a_tree_checks_what_it_is_given() -> None:
     """_tree_json.text writes what engine.py ordered; what does not fit
     (an index or a name outside its array, a name not a str, a negative

@@ -210,21 +210,22 @@ def test_sums_from_the_rows_are_the_store_s_own_to_the_last_unit() -> None:
 
 def test_a_few_series_merged_from_their_rows_answer_as_the_grouped_merge(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """One process of eight: summed from its rows (leaves.raw_sums), and the
-    same with DuckDB's GROUP BY: every view alike."""
+    """One process of eight: summed from its rows (leaves.raw_rows: the
+    tree sums them into its nodes), and the same with DuckDB's GROUP BY:
+    every view alike."""
     store = Store(":memory:")
     rng = random.Random(11)
     for i in range(4):
         write_fleet(store, rng, T0 + i * S, pids=(10, 11, 12, 13, 14, 15, 16, 17))
     one_host = {**ALL, "match": ["host=h1", "pid=13"]}
     calls = []
-    real = leaves.raw_sums
-    monkeypatch.setattr(merge, "raw_sums", lambda *a: calls.append(1) or real(*a))
+    real = leaves.raw_rows
+    monkeypatch.setattr(merge, "raw_rows", lambda *a: calls.append(1) or real(*a))
     fast = [Api(store).handle(path, {**one_host, **extra})[:2]
             for path, extra in (("/api/v1/tree", {"max_nodes": ["20000"]}),
                                 ("/api/v1/top", {"limit": ["1000"]}))]
     assert calls, "the rows were not summed here"
-    monkeypatch.setattr(merge, "raw_sums", lambda *a: None)
+    monkeypatch.setattr(merge, "raw_rows", lambda *a: None)
     grouped = [Api(store).handle(path, {**one_host, **extra})[:2]
                for path, extra in (("/api/v1/tree", {"max_nodes": ["20000"]}),
                                    ("/api/v1/top", {"limit": ["1000"]}))]

@@ -342,3 +342,155 @@ def test_the_c_sums_per_index_check_their_buffers() -> None:
     assert _scatter.sum_narrow(narrow, np.array([1, 1, 3, 2], np.uint32),
                                np.array([6, 9, 0, 4], np.int64), marks, 3) == 3
     assert narrow.tolist() == [0, 5, 0, 0] and marks[3] == 1
+
+
+def reference_tree(n: int, parent: np.ndarray, node: list[int], values: list[int]
+                   ) -> tuple[list[int], list[int]]:
+    """(totals, own values) of rows at nodes, summed one addition at a time."""
+    own = [0] * n
+    for at, v in zip(node, values, strict=True):
+        own[at] += v
+    total = list(own)
+    for i in range(n - 1, 0, -1):
+        total[int(parent[i])] += total[i]
+    return total, own
+
+
+def random_parents(rng: np.random.Generator, n: int) -> np.ndarray:
+    parent = np.zeros(n, np.int32)
+    parent[0] = -1
+    parent[1:] = (rng.random(n - 1) * np.arange(1, n)).astype(np.int32)
+    return parent
+
+
+@pytest.mark.parametrize("values", ["small", "periods", "periods, one not", "past 32 bits",
+                                    "a total past 32 bits", "signed"])
+def test_rows_summed_straight_into_a_tree_s_nodes(values: str) -> None:
+    """slot_totals: each row at its leaf's node, then rolled up, is what
+    adding the rows one at a time gives, in parts, whatever the values
+    (in 32-bit units while they fit, in int64 from where they do not); its
+    own values, kept where they were 32-bit, are each node's own."""
+    rng = np.random.default_rng(len(values))
+    n, leaves_n = 3_000, 2_000
+    parent = random_parents(rng, n)
+    by_leaf = rng.permutation(np.arange(n - leaves_n, n)).astype(np.int32)
+    period = 10_000_000 if values.startswith("periods") else 1
+    lo, hi = {"signed": (-3, 4), "past 32 bits": (1 << 30, 1 << 33),
+              "a total past 32 bits": (1 << 20, 1 << 21)}.get(values, (0, 20))
+    parts = []
+    for rows in (4_000, 0, 1, 2_500):
+        leaf = rng.integers(0, leaves_n, rows).astype(np.uint32)
+        parts.append((leaf, rng.integers(lo, hi, rows).astype(np.int64) * period))
+    if values == "periods, one not":
+        parts[3][1][100] += 1
+    got = scatter.slot_totals(parts, (by_leaf, parent), lambda ids: pytest.fail("learned"))
+    assert got is not None
+    node = [int(by_leaf[i]) for p, _ in parts for i in p.tolist()]
+    total, own = reference_tree(n, parent, node, [int(v) for _, p in parts for v in p.tolist()])
+    assert got.total.dtype == np.int64 and got.total.tolist() == total
+    thirty_two = values in ("small", "periods", "a total past 32 bits")
+    assert (got.own is not None) == thirty_two, "own values kept where they were in units"
+    if got.own is not None:
+        assert got.unit == period
+        assert (got.own.astype(np.int64) * got.unit).tolist() == own
+
+
+def test_rows_of_leaves_without_a_node_are_learned_and_summed() -> None:
+    """Leaves the index has no node for yet (-1, or past the slots) are
+    given theirs by ``learn``, once, with the ids of every such leaf left
+    in the rows, and the sum goes on; a leaf ``learn`` leaves without one
+    gives None, as does a total that could saturate, or no C loops."""
+    rng = np.random.default_rng(5)
+    parent = random_parents(rng, 50)
+    full = np.arange(10, 50, dtype=np.int32)   # leaf i -> node 10 + i
+    known = full[:30].copy()
+    known[[3, 7]] = -1   # (leaves 3 and 7, and 30 on, not yet)
+    leaf = rng.integers(0, 40, 5_000).astype(np.uint32)
+    values = rng.integers(1, 9, 5_000).astype(np.int64)
+    parts = [(leaf[:2_000], values[:2_000]), (leaf[2_000:], values[2_000:])]
+    asked: list[list[int]] = []
+
+    def learn(ids: np.ndarray) -> scatter.Slots:
+        asked.append(ids.tolist())
+        return full, np.concatenate([parent, random_parents(rng, 3)[1:] * 0])
+
+    first = next(i for i, x in enumerate(leaf.tolist()) if x in (3, 7) or x >= 30)
+    got = scatter.slot_totals(parts, (known, parent[:40]), learn)
+    assert got is not None
+    assert len(asked) == 1
+    assert asked[0] == sorted({x for x in leaf[first:].tolist() if x in (3, 7) or x >= 30})
+    total, own = reference_tree(52, np.concatenate([parent, [0, 0]]),
+                                [10 + x for x in leaf.tolist()], values.tolist())
+    assert got.total.tolist() == total   # (the slots' parents, grown by learn)
+    assert got.own is not None and got.own.tolist() == own
+    # learn leaves one without a node: None
+    assert scatter.slot_totals(parts, (known, parent), lambda ids: (known, parent)) is None
+    # sums that could pass 2^62: None (Tree.build keeps the own values then)
+    huge = [(leaf[:3], np.full(3, 1 << 61, np.int64))]
+    assert scatter.slot_totals(huge, (full, parent), learn) is None
+    # not the index's int32 arrays: None
+    assert scatter.slot_totals(parts, (full.astype(np.int64), parent), learn) is None
+
+
+def test_rows_into_nodes_not_built_give_none(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(scatter, "_scatter", None)
+    parent = np.array([-1, 0], np.int32)
+    assert scatter.slot_totals([(np.zeros(1, np.uint32), np.ones(1, np.int64))],
+                               (np.array([1], np.int32), parent), lambda ids: pytest.fail()) \
+        is None
+
+
+def test_the_c_rows_into_nodes_check_their_buffers() -> None:
+    from ember.collector import _scatter
+    slots = np.array([1, 2, -1, 9], np.int32)
+    leaf, v = np.array([0, 1, 0], np.uint32), np.array([3, 6, 9], np.int64)
+    acc = np.zeros(3, np.uint32)
+    with pytest.raises(TypeError, match="sums: writable uint32 or int64"):
+        _scatter.slot_sums(acc.astype(np.int32), leaf, v, slots)
+    with pytest.raises(ValueError, match="unit 3: int64 sums are in units of 1"):
+        _scatter.slot_sums(np.zeros(3, np.int64), leaf, v, slots, 3)
+    with pytest.raises(TypeError, match="leaves: uint32 and slots: int32"):
+        _scatter.slot_sums(acc, leaf.astype(np.int64), v, slots)
+    with pytest.raises(TypeError, match="leaves: uint32 and slots: int32"):
+        _scatter.slot_sums(acc, leaf, v, slots.astype(np.uint32))
+    with pytest.raises(ValueError, match="2 values for 3 leaves"):
+        _scatter.slot_sums(acc, leaf, v[:2], slots)
+    with pytest.raises(ValueError, match="unit 0: from 1 to 2"):
+        _scatter.slot_sums(acc, leaf, v, slots, 0)
+    assert _scatter.slot_sums(acc, leaf, v, slots, 3) == (3, 6)   # (in units of 3)
+    assert acc.tolist() == [0, 4, 2]
+    # it stops at a leaf with no node among the sums: -1, past them, past the slots
+    for bad in (2, 3, 4):
+        assert _scatter.slot_sums(acc, np.array([1, bad, 0], np.uint32), v, slots) == (1, 3)
+    # in 32 bits: at a value not a multiple of the unit, or a sum past 2^32 - 1
+    assert _scatter.slot_sums(acc, leaf, np.array([3, 7, 3], np.int64), slots, 3)[0] == 1
+    full = np.array([0, (1 << 32) - 1, 0], np.uint32)
+    assert _scatter.slot_sums(full, leaf, np.array([0, 1, 1], np.int64), slots)[0] == 2
+    wide = np.zeros(3, np.int64)   # (int64: saturating; the magnitudes' sum too)
+    rows = np.array([-5, 1 << 62, (1 << 63) - 1], np.int64)
+    assert _scatter.slot_sums(wide, leaf, rows, slots) == (3, 5 + (1 << 62) + (1 << 63) - 1)
+    assert wide.tolist() == [0, (1 << 63) - 6, 1 << 62]
+    assert _scatter.slot_sums(wide, leaf[:1], np.array([9], np.int64), slots) == (1, 9)
+    assert wide.tolist() == [0, (1 << 63) - 1, 1 << 62]   # (saturated)
+    assert _scatter.slot_sums(wide, leaf, np.full(3, (1 << 63) - 1, np.int64), slots) == \
+        (3, (1 << 64) - 1)
+    # the roll-up of own sums in units, which stay as they are
+    parent = np.array([-1, 0, 1], np.int32)
+    own, scratch, total = np.array([1, 2, 3], np.uint32), np.full(3, 7, np.uint32), \
+        np.zeros(3, np.int64)
+    assert _scatter.unit_roll_up(total, own, scratch, parent, 5)
+    assert total.tolist() == [30, 25, 15] and own.tolist() == [1, 2, 3]
+    assert not _scatter.unit_roll_up(total, np.array([1, 2, (1 << 32) - 1], np.uint32),
+                                     scratch, parent, 5)
+    with pytest.raises(ValueError, match=r"node 2's parent \(2\) is not an earlier node"):
+        _scatter.unit_roll_up(total, own, scratch, np.array([-1, 0, 2], np.int32), 1)
+    with pytest.raises(ValueError, match="node 1's parent"):
+        _scatter.unit_roll_up(total, own, scratch, np.array([-1, -1, 0], np.int32), 1)
+    with pytest.raises(ValueError, match="own: 3 uint32 items expected"):
+        _scatter.unit_roll_up(total, own[:2], scratch, parent, 1)
+    with pytest.raises(ValueError, match="scratch: 3 writable uint32 items expected"):
+        _scatter.unit_roll_up(total, own, scratch.astype(np.int64), parent, 1)
+    with pytest.raises(TypeError, match="parent: int32 items expected"):
+        _scatter.unit_roll_up(total, own, scratch, parent.astype(np.int64), 1)
+    with pytest.raises(ValueError, match="2 parents for 3 totals"):
+        _scatter.unit_roll_up(total, own, scratch, parent[:2], 1)

@@ -16,6 +16,18 @@
  *     the values' magnitudes, as a double (whether a sum could saturate).
  *   unit_totals(total, scratch, leaves, values, parent, unit) -> done: a
  *     tree's totals summed in 32 bits, in units (see totals_u32 below).
+ *   slot_sums(sums, leaves, values, slots, unit=1) -> (done, size):
+ *     sums[slots[leaves[i]]] += values[i] for a query's rows, straight into
+ *     a tree's nodes (slots: the query index's node per leaf id, int32;
+ *     leaves uint32): in 32 bits and units (sums uint32) or in int64,
+ *     saturating (sums int64, unit 1), up to the first row whose leaf has no
+ *     slot among the sums (beyond slots, or -1) or, in 32 bits, whose value
+ *     or sum does not fit. done: the rows summed; size: the sum of their
+ *     values' magnitudes (in units for uint32 sums), at most 2^64 - 1.
+ *   unit_roll_up(total, own, scratch, parent, unit) -> done: a tree's
+ *     totals from each node's own sum (uint32, in units), kept as it is:
+ *     the children's sums are added up in scratch (uint32, as long). done
+ *     is false where a sum passes 2^32 - 1 (total is then partly written).
  *   roll_up(total, parent): total[parent[i]] += total[i] (saturating) for
  *     each node i from the last of total down to 1, where every node's
  *     parent is an earlier node (as the index numbers them): each total
@@ -608,6 +620,184 @@ total:
     return result;
 }
 
+/* The rows of slot_sums: o[slot[leaf[i]]] += v[i], in 32 bits and units of
+ * u (narrow) or in int64, saturating (wide, o64), up to the first row whose
+ * leaf has no slot below n (beyond the slots, or -1), or (narrow) whose
+ * value or sum does not fit; returns the rows done, with the sum of their
+ * values' magnitudes (narrow: in units; saturating) in *size. Two reads
+ * ahead: a row's slot, then, once it has come, its sum. */
+static Py_ssize_t slot_rows(uint32_t *o, int64_t *o64, Py_ssize_t n, const uint32_t *leaf,
+                            const int64_t *v, Py_ssize_t rows, const int32_t *slot,
+                            Py_ssize_t m, Unit u, uint64_t *size)
+{
+    uint64_t got = 0;
+    Py_ssize_t i = 0;
+    for (; i < rows; i++) {
+        if (i + 2 * AHEAD < rows && leaf[i + 2 * AHEAD] < (uint64_t)m)
+            __builtin_prefetch(&slot[leaf[i + 2 * AHEAD]], 0, 3);
+        if (i + AHEAD < rows && leaf[i + AHEAD] < (uint64_t)m) {
+            int32_t ahead = slot[leaf[i + AHEAD]];
+            if (ahead >= 0 && ahead < n) {
+                if (o)
+                    __builtin_prefetch(&o[ahead], 1, 3);
+                else
+                    __builtin_prefetch(&o64[ahead], 1, 3);
+            }
+        }
+        if (leaf[i] >= (uint64_t)m)
+            break;
+        int32_t at = slot[leaf[i]];
+        if (at < 0 || at >= n)
+            break;
+        uint64_t x = (uint64_t)v[i];
+        if (o) {   /* (a negative value: past the limit) */
+            uint64_t q = (x >> u.k) * u.inv;
+            uint32_t r;
+            if (((x & u.low) != 0) | (q > u.lim) | (q > UINT32_MAX)
+                || __builtin_add_overflow(o[at], (uint32_t)q, &r))
+                break;
+            o[at] = r;
+            got += q;   /* (below 2^32 a row: no overflow in 2^31 rows) */
+        } else {
+            o64[at] = sat_add(o64[at], v[i]);
+            uint64_t mag = v[i] < 0 ? -x : x;
+            got = got + mag < got ? UINT64_MAX : got + mag;
+        }
+    }
+    *size = got;
+    return i;
+}
+
+static PyObject *slot_sums(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *acc_o, *leaf_o, *values_o, *slot_o;
+    long long g = 1;
+    if (!PyArg_ParseTuple(args, "OOOO|L:slot_sums", &acc_o, &leaf_o, &values_o, &slot_o, &g))
+        return NULL;
+    if (bad_unit(g))
+        return NULL;
+    Ints acc, leaf, slot;
+    Py_buffer values;
+    PyObject *result = NULL;
+    if (get_ints(acc_o, &acc, "sums"))
+        return NULL;
+    if (get_ints(leaf_o, &leaf, "leaves"))
+        goto acc;
+    if (get_int64(values_o, &values, 0, "values"))
+        goto leaf;
+    if (get_ints(slot_o, &slot, "slots"))
+        goto values;
+    if (acc.kind == 'i' || acc.buf.readonly)
+        PyErr_SetString(PyExc_TypeError, "sums: writable uint32 or int64 items expected");
+    else if (acc.kind == 'q' && g != 1)
+        PyErr_Format(PyExc_ValueError, "unit %lld: int64 sums are in units of 1", g);
+    else if (leaf.kind != 'I' || slot.kind != 'i')
+        PyErr_SetString(PyExc_TypeError, "leaves: uint32 and slots: int32 items expected");
+    else if (values.len / 8 != leaf.n)
+        PyErr_Format(PyExc_ValueError, "%zd values for %zd leaves", values.len / 8, leaf.n);
+    else {
+        Py_ssize_t done;
+        uint64_t size;
+        uint32_t *o = acc.kind == 'I' ? acc.buf.buf : NULL;
+        int64_t *o64 = acc.kind == 'q' ? acc.buf.buf : NULL;
+        Unit u = unit_of((uint64_t)g);
+        Py_BEGIN_ALLOW_THREADS
+        done = slot_rows(o, o64, acc.n, leaf.buf.buf, values.buf, leaf.n, slot.buf.buf, slot.n,
+                         u, &size);
+        Py_END_ALLOW_THREADS
+        result = Py_BuildValue("(nK)", done, (unsigned long long)size);
+    }
+    PyBuffer_Release(&slot.buf);
+values:
+    PyBuffer_Release(&values);
+leaf:
+    PyBuffer_Release(&leaf.buf);
+acc:
+    PyBuffer_Release(&acc.buf);
+    return result;
+}
+
+/* The roll-up of unit_roll_up: each node's total, its own sum in s and
+ * its children's in c (zeroed), times g into t; c[parent] gains it. Its
+ * parent checked as it is read (no pass of its own over 800,000): returns
+ * -1 when done, -2 where a sum passes 2^32 - 1, or the first node (> 0)
+ * whose parent is not an earlier node; t and c are then partly written. */
+static Py_ssize_t roll_own(int64_t *t, const uint32_t *s, uint32_t *c, const int32_t *parent,
+                           Py_ssize_t n, int64_t g)
+{
+    for (Py_ssize_t i = n - 1; i > 0; i--) {
+        int32_t up = parent[i];
+        if ((uint64_t)(uint32_t)up >= (uint64_t)i)
+            return i;
+        if (i > AHEAD && (uint64_t)(uint32_t)parent[i - AHEAD] < (uint64_t)n)
+            __builtin_prefetch(&c[parent[i - AHEAD]], 1, 3);
+        uint32_t x;
+        if (__builtin_add_overflow(s[i], c[i], &x) || __builtin_add_overflow(c[up], x, &c[up]))
+            return -2;
+        t[i] = (int64_t)x * g;
+    }
+    if (n) {
+        uint32_t x;
+        if (__builtin_add_overflow(s[0], c[0], &x))
+            return -2;
+        t[0] = (int64_t)x * g;
+    }
+    return -1;
+}
+
+static PyObject *unit_roll_up(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *total_o, *own_o, *scratch_o, *parent_o;
+    long long g;
+    if (!PyArg_ParseTuple(args, "OOOOL:unit_roll_up", &total_o, &own_o, &scratch_o, &parent_o,
+                          &g))
+        return NULL;
+    if (bad_unit(g))
+        return NULL;
+    Py_buffer total;
+    Ints own, scratch, parent;
+    PyObject *result = NULL;
+    if (get_int64(total_o, &total, 1, "total"))
+        return NULL;
+    if (get_ints(own_o, &own, "own"))
+        goto total;
+    if (get_ints(scratch_o, &scratch, "scratch"))
+        goto own;
+    if (get_ints(parent_o, &parent, "parent"))
+        goto scratch;
+    Py_ssize_t n = total.len / 8;
+    if (own.kind != 'I' || own.n != n)
+        PyErr_Format(PyExc_ValueError, "own: %zd uint32 items expected", n);
+    else if (scratch.kind != 'I' || scratch.buf.readonly || scratch.n != n)
+        PyErr_Format(PyExc_ValueError, "scratch: %zd writable uint32 items expected", n);
+    else if (parent.kind != 'i')
+        PyErr_SetString(PyExc_TypeError, "parent: int32 items expected");
+    else if (parent.n < n)
+        PyErr_Format(PyExc_ValueError, "%zd parents for %zd totals", parent.n, n);
+    else {
+        Py_ssize_t done;
+        Py_BEGIN_ALLOW_THREADS
+        memset(scratch.buf.buf, 0, n * sizeof(uint32_t));
+        done = roll_own(total.buf, own.buf.buf, scratch.buf.buf, parent.buf.buf, n, g);
+        Py_END_ALLOW_THREADS
+        if (done >= 0)
+            PyErr_Format(PyExc_ValueError, "node %zd's parent (%lld) is not an earlier node",
+                         done, (long long)((const int32_t *)parent.buf.buf)[done]);
+        else
+            result = PyBool_FromLong(done == -1);
+    }
+    PyBuffer_Release(&parent.buf);
+scratch:
+    PyBuffer_Release(&scratch.buf);
+own:
+    PyBuffer_Release(&own.buf);
+total:
+    PyBuffer_Release(&total);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"add_at", (PyCFunction)(void (*)(void))add_at, METH_VARARGS | METH_KEYWORDS,
      "add_at(out, index, values, seen=None) -> sum of |values|: out[index[i]] += values[i]."},
@@ -620,6 +810,12 @@ static PyMethodDef methods[] = {
      "present(first, seen, out=None, sums=None, unit=1) -> count: where first != 0 or seen."},
     {"unit_totals", (PyCFunction)unit_totals, METH_VARARGS,
      "unit_totals(total, scratch, leaves, values, parent, unit) -> done: a tree's totals."},
+    {"slot_sums", (PyCFunction)slot_sums, METH_VARARGS,
+     "slot_sums(sums, leaves, values, slots, unit=1) -> (rows done, size): sums[slots[leaf]] "
+     "+= value."},
+    {"unit_roll_up", (PyCFunction)unit_roll_up, METH_VARARGS,
+     "unit_roll_up(total, own, scratch, parent, unit) -> done: totals from own sums in "
+     "units."},
     {"roll_up", (PyCFunction)roll_up, METH_VARARGS,
      "roll_up(total, parent): total[parent[i]] += total[i], from the last node to node 1."},
     {NULL, NULL, 0, NULL},

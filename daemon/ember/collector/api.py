@@ -256,7 +256,7 @@ class Api:
             agg = self.sums.get(generation, (stored, start, end, matchers.key(), index),
                                 lambda: self.store.aggregate(start, end, matchers, stored,
                                                              by_name=True, value=index,
-                                                             upto=generation))
+                                                             upto=generation, raw=True))
             if agg is None:
                 return None
             if self.on_skip is not None and agg.skipped:

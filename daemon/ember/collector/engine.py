@@ -62,11 +62,22 @@ class Tree:
     scale: int = 1              # nested() shows values divided by this
     sample_types: tuple[tuple[str, str], ...] = ()
     own: npt.NDArray[np.int64] | None = None   # self values, kept only when saturated
+    # self values in units of own_unit, where the tree was summed in them
+    # (scatter.slot_totals): own_of is then a lookup (a view's 5,000 nodes:
+    # 3 ms less than their children searched)
+    own_units: npt.NDArray[np.uint32] | None = None
+    own_unit: int = 1
 
     @classmethod
     def build(cls, index: Index, agg: Aggregate, value: int, unit: str,
               offcpu: bool = False, scale: int = 1,
               sample_types: tuple[tuple[str, str], ...] = ()) -> Tree:
+        if agg.rows is not None:   # a few series' rows, as read: straight into the nodes
+            got = scatter.slot_totals(agg.rows.of(value), index.slots(), index.slots)
+            if got is not None:
+                return cls(index, got.total, agg.profiles, unit, offcpu, scale, sample_types,
+                           own_units=got.own, own_unit=got.unit)
+            agg = agg.summed()
         leaves = index.leaves(agg)
         parent = index.arrays()[0]
         values = agg.sums(value)
@@ -86,7 +97,7 @@ class Tree:
     @property
     def nbytes(self) -> int:
         """What the tree holds (what caches weigh it by)."""
-        return self.total.nbytes + (self.own.nbytes if self.own is not None else 0)
+        return sum(a.nbytes for a in (self.total, self.own, self.own_units) if a is not None)
 
     def _column(self, i: int) -> npt.NDArray[Any]:
         return self.index.arrays()[i][:len(self.total)]
@@ -112,6 +123,8 @@ class Tree:
         """Each node's own value: its total less its children's."""
         if self.own is not None:
             return self.own
+        if self.own_units is not None:
+            return self.own_units.astype(np.int64) * self.own_unit
         out = np.zeros(len(self.total), np.int64)
         scatter.add_at(out, self.parent[1:], self.total[1:])
         return np.subtract(self.total, out, out=out)
@@ -123,6 +136,9 @@ class Tree:
         in anew for each answer)."""
         if self.own is not None:
             return self.own[nodes]
+        if self.own_units is not None:
+            got: npt.NDArray[np.int64] = self.own_units[nodes].astype(np.int64) * self.own_unit
+            return got
         # (asked for in ascending order: each search starts where the last
         # ended, in the part of the edges it read: 1.2 ms, not 2.1, for 5,000)
         order = np.argsort(nodes, kind="stable")

@@ -20,7 +20,7 @@ from ..encode.folded import clean
 from ..flamegraph.inputs import _kind
 from ..model import MAX_STACK_DEPTH, TRUNCATED
 from .leaves import leaf_keys
-from .scatter import ranges
+from .scatter import Slots, ranges
 from .store import Aggregate, Store
 from .tables import stack_frames
 
@@ -109,6 +109,16 @@ class Index:
         if agg.thread is None or agg.stack is None:
             raise ValueError("an aggregate names its pairs by leaf ids or by ids")
         return self._ensure(agg.thread, agg.stack)
+
+    def slots(self, learn: npt.NDArray[np.uint32] | None = None) -> Slots:
+        """(the node of each of the store's leaf ids, -1 where none yet; the
+        parent of each node) as one state, after giving the ids ``learn``
+        their nodes: a query's rows summed straight into their nodes
+        (scatter.slot_totals)."""
+        if learn is not None and len(learn):
+            self._by_leaf_ids(learn)
+        with self._lock:
+            return self._by_leaf, self.parent
 
     def _by_leaf_ids(self, ids: npt.NDArray[np.uint32]) -> Nodes:
         with self._lock:

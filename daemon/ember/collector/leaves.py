@@ -196,17 +196,33 @@ def sum_by_leaf(parts: Sequence[tuple[npt.NDArray[np.uint32], Sequence[npt.NDArr
     return present.astype(np.uint32), sums
 
 
-def raw_sums(cur: duckdb.DuckDBPyConnection, where: str, args: list[object],
-             columns: list[str]) -> dict[str, npt.NDArray[np.generic]] | None:
-    """``SELECT leaf, sum(c)... FROM samples WHERE where GROUP BY leaf`` for
-    a few of the series: summed by ``sum_by_leaf`` from the rows, or None
-    (nothing read past ``RAW_ROWS`` + 1 rows) when there are more."""
-    # (the rows' batches summed as they are: results.py)
+def raw_rows(cur: duckdb.DuckDBPyConnection, where: str, args: list[object],
+             columns: list[str]
+             ) -> list[tuple[npt.NDArray[np.uint32], tuple[npt.NDArray[np.int64], ...]]] | None:
+    """The rows of ``samples`` ``where`` holds, for a few of the series:
+    in DuckDB's batches (results.py), each its leaf ids and a values array
+    per column; None (nothing read past ``RAW_ROWS`` + 1 rows) when there
+    are more."""
     got = batches(cur, f"SELECT leaf, {', '.join(columns)} FROM samples WHERE {where} "
                   f"LIMIT {RAW_ROWS + 1}", args, RAW_ROWS)
     if got is None:
         return None
-    parts = [(leaf, [np.asarray(c[k], np.int64) for c in got.values()])
-             for k, leaf in enumerate(got.pop("leaf"))]
-    ids, sums = sum_by_leaf(parts, len(got))
-    return {"leaf": ids, **dict(zip(got, sums, strict=True))}
+    return [(leaf, tuple(np.asarray(c[k], np.int64) for c in got.values()))
+            for k, leaf in enumerate(got.pop("leaf"))]
+
+
+def raw_sums(cur: duckdb.DuckDBPyConnection, where: str, args: list[object],
+             columns: list[str]) -> dict[str, npt.NDArray[np.generic]] | None:
+    """``SELECT leaf, sum(c)... FROM samples WHERE where GROUP BY leaf`` for
+    a few of the series: ``raw_rows`` summed (``grouped``), or None when
+    there are more rows than it reads."""
+    parts = raw_rows(cur, where, args, columns)
+    return None if parts is None else grouped(parts, columns)
+
+
+def grouped(parts: Sequence[tuple[npt.NDArray[np.uint32], Sequence[npt.NDArray[np.int64]]]],
+            columns: list[str]) -> dict[str, npt.NDArray[np.generic]]:
+    """Rows in parts (``raw_rows``) summed per leaf, as DuckDB's
+    ``GROUP BY leaf`` gives them: the leaf ids, then each column's sums."""
+    ids, sums = sum_by_leaf(parts, len(columns))
+    return {"leaf": ids, **dict(zip(columns, sums, strict=True))}

@@ -5,7 +5,8 @@ Three ways to the same sums, chosen by what is asked:
 
 - a few of the series (a quarter or less, one host say), or the edges a
   window slides by (window.py): the rows are read and summed here
-  (leaves.raw_sums), faster than DuckDB groups them;
+  (leaves.raw_sums), faster than DuckDB groups them; or, for a tree,
+  handed over as read, for it to sum into its nodes (``raw``);
 - every series of a type: the sealed blocks inside the range (the longest
   that fit) are read from their roll-ups, the rest from the rows
   (rollup.py); a merge of one generation keeps the blocks' sums in
@@ -31,11 +32,12 @@ from ..errors import StorageError
 from ..httpserve import check_cancelled, on_cancel
 from ..model import ProfileType
 from .blocksums import Part, add_up
-from .leaves import raw_sums
+from .leaves import grouped, raw_rows, raw_sums
 from .matchers import Matchers
 from .results import columns
 from .rollup import Block, capped_sum, runs
-from .rows import Aggregate, shape_json
+from .rows import Aggregate, Unsummed, shape_json
+from .rows import Part as RowPart
 
 if TYPE_CHECKING:
     from .store import Store
@@ -94,7 +96,7 @@ def where(store: Store, start_ns: int, end_ns: int, series: Sequence[int],
 def aggregate(store: Store, start_ns: int, end_ns: int, matchers: Matchers, type_: str,
               by_name: bool = False, value: int | None = None, upto: int | None = None,
               gained: tuple[int, int] | None = None,
-              ended_before: int | None = None) -> Aggregate | None:
+              ended_before: int | None = None, raw: bool = False) -> Aggregate | None:
     """Store.aggregate (its docstring says what each argument narrows)."""
     shapes = store.shapes(type_)
     matched = store.series_matching(matchers)
@@ -103,13 +105,14 @@ def aggregate(store: Store, start_ns: int, end_ns: int, matchers: Matchers, type
         return None
     with store.reading() as cur:
         return _aggregate(cur, store, (start_ns, end_ns), found, matched, shapes,
-                          by_name, value, upto, gained, ended_before)
+                          by_name, value, upto, gained, ended_before, raw)
 
 
 def _aggregate(cur: duckdb.DuckDBPyConnection, store: Store, span: tuple[int, int],
                found: Where, matched: list[int], shapes: list[ProfileType],
                by_name: bool, value: int | None, upto: int | None,
-               gained: tuple[int, int] | None, ended_before: int | None) -> Aggregate | None:
+               gained: tuple[int, int] | None, ended_before: int | None,
+               raw: bool) -> Aggregate | None:
     start_ns, end_ns = span
     clause, args = found.clause, found.args
     every_series = not found.series
@@ -147,11 +150,12 @@ def _aggregate(cur: duckdb.DuckDBPyConnection, store: Store, span: tuple[int, in
             # a write or two; DuckDB's grouping into 2^20 leaf ids costs 40-70
             # ms however few they are, summing them here 12-20)
             edges = gained is not None or ended_before is not None
+            got: dict[str, Any] | None = None
+            rows: list[RowPart] | None = None
             if by_name and (edges or len(matched) * 4 <= store.series_count()):
-                got = raw_sums(cur, clause, args, summed)
-            else:
-                got = None
-            if got is None:
+                rows = raw_rows(cur, clause, args, summed)
+                got = None if rows is None or raw else grouped(rows, summed)
+            if rows is None:
                 rolled = (by_name and every_series and len(shapes) == 1 and gained is None
                           and ended_before is None)
                 got = _grouped(cur, store, clause, args, summed, by_name, rolled,
@@ -165,6 +169,11 @@ def _aggregate(cur: duckdb.DuckDBPyConnection, store: Store, span: tuple[int, in
         if not committed:   # (a ROLLBACK with none open fails: 0.3-0.5 ms an answer)
             with contextlib.suppress(duckdb.Error):
                 cur.execute("ROLLBACK")
+    profiles = int(counted[0]) - skipped.get("shape", 0)
+    if got is None:   # (raw: the rows as read)
+        return Aggregate(shape, None, None, (None,) * n, profiles, skipped,
+                         rows=Unsummed(tuple(rows or ()),
+                                       tuple(i for i in range(n) if value in (None, i))))
     cols = list(got.values())
     thread = stack = leaf = None
     if by_name:   # (the leaf ids name the pairs: store.leaves.pairs)
@@ -175,7 +184,7 @@ def _aggregate(cur: duckdb.DuckDBPyConnection, store: Store, span: tuple[int, in
     got_values = iter(np.asarray(c, np.int64) for c in cols)
     return Aggregate(shape, thread, stack,
                      tuple(next(got_values) if value in (None, i) else None for i in range(n)),
-                     int(counted[0]) - skipped.get("shape", 0), skipped, leaf)
+                     profiles, skipped, leaf)
 
 
 def _grouped(cur: duckdb.DuckDBPyConnection, store: Store, clause: str, args: list[Any],

@@ -8,7 +8,7 @@ import json
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -18,6 +18,7 @@ from ..encode.pprof import encode_pprof, profile_shape
 from ..model import Profile, ProfileType, Sample
 from ..proto import profile_pb2 as pb
 from .intern import MAX_VALUES, Interner, Rows
+from .leaves import sum_by_leaf
 from .matchers import Matchers
 from .results import columns
 
@@ -145,6 +146,25 @@ class Row:
     data: bytes           # gzip pprof
 
 
+Part = tuple[npt.NDArray[np.uint32], tuple[npt.NDArray[np.int64], ...]]
+
+
+@dataclass(frozen=True)
+class Unsummed:
+    """A merge's rows as read, not summed per leaf: in parts (DuckDB's
+    batches), each the rows' leaf ids and their values of the sample types
+    ``columns`` names, in that order."""
+    parts: tuple[Part, ...]
+    columns: tuple[int, ...]
+
+    def of(self, value: int) -> list[tuple[npt.NDArray[np.uint32], npt.NDArray[np.int64]]]:
+        """Each part's leaf ids and values of sample type ``value``."""
+        if value not in self.columns:
+            raise LookupError(f"sample type {value} was not read")
+        at = self.columns.index(value)
+        return [(leaf, values[at]) for leaf, values in self.parts]
+
+
 @dataclass(frozen=True)
 class Aggregate:
     """Samples of a range summed per (thread, stack): the one merge every
@@ -160,19 +180,36 @@ class Aggregate:
     profiles: int
     skipped: dict[str, int]
     leaf: npt.NDArray[np.uint32] | None = None   # by_name: the store's leaf ids
+    # by name, not yet summed: the rows themselves (leaf and values None),
+    # for a tree to sum into its nodes at once (engine.Tree.build); summed()
+    # sums them per leaf
+    rows: Unsummed | None = None
 
     @property
     def nbytes(self) -> int:
         """What the aggregate holds (what caches weigh it by)."""
-        return sum(a.nbytes for a in (self.thread, self.stack, self.leaf, *self.values)
-                   if a is not None)
+        held = [a for a in (self.thread, self.stack, self.leaf, *self.values) if a is not None]
+        for leaf, values in self.rows.parts if self.rows is not None else ():
+            held += [leaf, *values]
+        return sum(a.nbytes for a in held)
 
     def sums(self, i: int) -> npt.NDArray[np.int64]:
         """The sums of sample type ``i`` (a LookupError if not summed)."""
         got = self.values[i]
         if got is None:
-            raise LookupError(f"sample type {i} was not summed")
+            raise LookupError(f"sample type {i} was not summed"
+                              + (" (the rows are: summed() sums them)" if self.rows else ""))
         return got
+
+    def summed(self) -> Aggregate:
+        """This aggregate with its rows summed per leaf (itself if they were)."""
+        if self.rows is None:
+            return self
+        leaf, sums = sum_by_leaf(self.rows.parts, len(self.rows.columns))
+        values: list[npt.NDArray[np.int64] | None] = [None] * len(self.values)
+        for c, column in zip(self.rows.columns, sums, strict=True):
+            values[c] = column
+        return replace(self, values=tuple(values), leaf=leaf, rows=None)
 
 
 def as_sent(store: Store, start_ns: int, end_ns: int, matchers: Matchers,

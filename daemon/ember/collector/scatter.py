@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from types import ModuleType
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -169,6 +169,84 @@ def unit_totals(leaves: Nodes, values: I64, parent: npt.NDArray[Any]) -> I64 | N
                                 np.ascontiguousarray(values, np.int64),
                                 np.ascontiguousarray(parent), g)
     return total if done else None
+
+
+#: The node of each leaf id (-1: none yet), and the parent of each node.
+Slots = tuple[Nodes, Nodes]
+
+
+class SlotTotals(NamedTuple):
+    """A tree's totals, and each node's own value where every one was
+    summed in 32 bits: ``own`` in units of ``unit`` (else None)."""
+    total: I64
+    own: npt.NDArray[np.uint32] | None
+    unit: int
+
+
+def slot_totals(parts: Sequence[tuple[npt.NDArray[np.uint32], I64]], slots: Slots,
+                learn: Callable[[npt.NDArray[np.uint32]], Slots]) -> SlotTotals | None:
+    """A tree's totals (one per node of ``slots``' parents) from a query's
+    rows as read, in parts (leaf ids, values): each row's value added at
+    its leaf's node (``slots``), then each node's total into its parent's.
+    No sums per leaf between: one host's hour is 1.25 million rows into
+    527,000 leaves, and summing them per leaf (in 32 bits), listing the
+    leaves, gathering their nodes and adding the leaves into them took
+    14-21 ms at the median where this takes 10-15. In 32 bits and units
+    of the values' common divisor (``unit``) while the values and sums fit,
+    from there on in int64. Leaves with no node yet are given theirs by
+    ``learn`` (their ids; it returns the slots and parents then), and the
+    pass goes on. None where the loops are not built, the arrays are not
+    the index's int32, a total could saturate (the caller keeps the own
+    values then: Tree.build), or ``learn`` left a leaf without a node."""
+    if _scatter is None or any(a.dtype != np.int32 for a in slots):
+        return None
+    live = [(np.ascontiguousarray(ix, np.uint32), np.ascontiguousarray(v, np.int64))
+            for ix, v in parts if len(ix)]
+    g = unit(live[0][1]) if live else 1
+    acc: npt.NDArray[Any] = np.zeros(len(slots[1]), np.uint32)
+    # of the values' magnitudes (in units while the sums are 32-bit)
+    size = 0
+    for k, (ix, values) in enumerate(live):
+        while True:
+            done, got = _scatter.slot_sums(acc, ix, values, slots[0], g)
+            size += got
+            if done == len(ix):
+                break
+            ix, values = ix[done:], values[done:]
+            if not _has_slot(slots, int(ix[0]), len(acc)):   # learned, and on from there
+                rest = np.concatenate([ix, *(later for later, _ in live[k + 1:])])
+                slots = learn(np.unique(rest[~_have_slots(slots, rest, len(acc))]))
+                if not _has_slot(slots, int(ix[0]), len(slots[1])):
+                    return None
+                acc = np.concatenate([acc, np.zeros(len(slots[1]) - len(acc), acc.dtype)])
+            elif acc.dtype == np.uint32:   # a value or sum past 32 bits
+                acc = acc.astype(np.int64) * g
+                size, g = size * g, 1
+    if size * g >= 2**62:
+        return None
+    # (each node's own sum stays where it is in units: a view's own values
+    # are then a lookup)
+    own = acc if acc.dtype == np.uint32 else None
+    if own is not None and size < 1 << 32:
+        total = np.empty(len(acc), np.int64)
+        if _scatter.unit_roll_up(total, own, np.empty(len(acc), np.uint32), slots[1], g):
+            return SlotTotals(total, own, g)
+    total = acc.astype(np.int64) * g if own is not None else acc
+    _scatter.roll_up(total, slots[1])
+    return SlotTotals(total, own, g if own is not None else 1)
+
+
+def _have_slots(slots: Slots, leaf: npt.NDArray[np.uint32], nodes: int) -> npt.NDArray[np.bool_]:
+    """Whether each leaf id has a node below ``nodes``."""
+    by_leaf = slots[0]
+    inside = leaf < len(by_leaf)
+    node = by_leaf[leaf[inside]]
+    inside[inside] = (node >= 0) & (node < nodes)
+    return inside
+
+
+def _has_slot(slots: Slots, leaf: int, nodes: int) -> bool:
+    return bool(_have_slots(slots, np.array([leaf], np.uint32), nodes)[0])
 
 
 def roll_up(total: I64, parent: npt.NDArray[Any], levels: Callable[[], Sequence[Nodes]]

@@ -328,22 +328,22 @@ class Store:
     def aggregate(self, start_ns: int, end_ns: int, matchers: Matchers,
                   type_: str, by_name: bool = False, value: int | None = None,
                   upto: int | None = None, gained: tuple[int, int] | None = None,
-                  ended_before: int | None = None) -> Aggregate | None:
+                  ended_before: int | None = None, raw: bool = False) -> Aggregate | None:
         """The samples of one type in a range, summed per (thread, stack),
         or per (thread name, stack) with ``by_name`` (all the flame graph
         needs, and far fewer groups over a fleet); None when no stored
         profile matches (merge.py). ``value``: only that sample type summed
-        (each one summed costs as much again over a fleet's hour); the
-        others are None.
+        (each costs as much again over a fleet's hour); the others are None.
 
         These narrow the rows summed, not the count of profiles: ``upto``,
         those written by that generation (a tree is of one generation);
         ``gained`` (old end, old generation), those newer than the old end
         or written after the old generation; ``ended_before``, those ended
         before it: what a range gained or lost since a tree of another
-        range and generation (collector/window.py)."""
+        range and generation (collector/window.py). ``raw``: a few series'
+        rows by name as read, not summed (Aggregate.rows: a tree sums them)."""
         return merge.aggregate(self, start_ns, end_ns, matchers, type_, by_name, value, upto,
-                               gained, ended_before)
+                               gained, ended_before, raw)
 
     def timeline(self, start_ns: int, end_ns: int, matchers: Matchers, type_: str
                  ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64],
