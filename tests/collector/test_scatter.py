@@ -365,11 +365,19 @@ def random_parents(rng: np.random.Generator, n: int) -> np.ndarray:
 
 @pytest.mark.parametrize("values", ["small", "periods", "periods, one not", "past 32 bits",
                                     "a total past 32 bits", "signed"])
-def test_rows_summed_straight_into_a_tree_s_nodes(values: str) -> None:
+@pytest.mark.parametrize("threads", [1, 2])
+def test_rows_summed_straight_into_a_tree_s_nodes(values: str, threads: int,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """slot_totals: each row at its leaf's node, then rolled up, is what
     adding the rows one at a time gives, in parts, whatever the values
     (in 32-bit units while they fit, in int64 from where they do not); its
-    own values, kept where they were 32-bit, are each node's own."""
+    own values, kept where they were 32-bit, are each node's own. In one
+    thread, or two (from SPLIT_ROWS rows: what two threads cannot sum in
+    32 bits is summed again in one)."""
+    monkeypatch.setattr(scatter, "SPLIT_ROWS", 1 if threads == 2 else 1 << 40)
+    split = []
+    real = scatter._in_two
+    monkeypatch.setattr(scatter, "_in_two", lambda *a: split.append(real(*a)) or split[-1])
     rng = np.random.default_rng(len(values))
     n, leaves_n = 3_000, 2_000
     parent = random_parents(rng, n)
@@ -393,6 +401,27 @@ def test_rows_summed_straight_into_a_tree_s_nodes(values: str) -> None:
     if got.own is not None:
         assert got.unit == period
         assert (got.own.astype(np.int64) * got.unit).tolist() == own
+    # (two threads summed every row where the sums stayed 32-bit, the total too)
+    assert (split[0] is not None) == (threads == 2 and values in ("small", "periods"))
+
+
+def test_rows_are_summed_in_one_thread_while_another_merge_has_the_helper(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(scatter, "SPLIT_ROWS", 1)
+    rng = np.random.default_rng(9)
+    parent = random_parents(rng, 100)
+    slots = (np.arange(100, dtype=np.int32), parent)
+    parts = [(rng.integers(0, 100, 50).astype(np.uint32), np.ones(50, np.int64))
+             for _ in range(4)]
+    alone = scatter.slot_totals(parts, slots, lambda ids: pytest.fail())
+    acc = np.zeros(100, np.uint32)
+    assert scatter._in_two(parts, slots[0], 1, acc) == 200
+    with scatter._helper_free:   # (another merge's)
+        assert scatter._in_two(parts, slots[0], 1, np.zeros(100, np.uint32)) is None
+        busy = scatter.slot_totals(parts, slots, lambda ids: pytest.fail())
+    assert alone is not None and busy is not None
+    assert alone.total.tolist() == busy.total.tolist()
+    assert (acc.astype(np.int64) == alone.own).all()
 
 
 def test_rows_of_leaves_without_a_node_are_learned_and_summed() -> None:
