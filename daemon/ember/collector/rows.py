@@ -18,7 +18,6 @@ from ..encode.pprof import encode_pprof, profile_shape
 from ..model import Profile, ProfileType, Sample
 from ..proto import profile_pb2 as pb
 from .intern import MAX_VALUES, Interner, Rows
-from .leaves import sum_by_leaf
 from .matchers import Matchers
 from .results import columns
 
@@ -205,6 +204,8 @@ class Aggregate:
         """This aggregate with its rows summed per leaf (itself if they were)."""
         if self.rows is None:
             return self
+        # (here: leaves imports DuckDB, and a decode worker imports this module)
+        from .leaves import sum_by_leaf
         leaf, sums = sum_by_leaf(self.rows.parts, len(self.rows.columns))
         values: list[npt.NDArray[np.int64] | None] = [None] * len(self.values)
         for c, column in zip(self.rows.columns, sums, strict=True):
