@@ -415,9 +415,10 @@ def test_rows_are_summed_in_one_thread_while_another_merge_has_the_helper(
              for _ in range(4)]
     alone = scatter.slot_totals(parts, slots, lambda ids: pytest.fail())
     acc = np.zeros(100, np.uint32)
-    assert scatter._in_two(parts, slots[0], 1, acc) == 200
+    other = np.full(100, 7, np.uint32)   # (the helper's array is zeroed before it sums)
+    assert scatter._in_two(parts, slots[0], 1, acc, other) == 200
     with scatter._helper_free:   # (another merge's)
-        assert scatter._in_two(parts, slots[0], 1, np.zeros(100, np.uint32)) is None
+        assert scatter._in_two(parts, slots[0], 1, np.zeros(100, np.uint32), other) is None
         busy = scatter.slot_totals(parts, slots, lambda ids: pytest.fail())
     assert alone is not None and busy is not None
     assert alone.total.tolist() == busy.total.tolist()

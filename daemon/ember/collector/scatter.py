@@ -173,6 +173,18 @@ def unit_totals(leaves: Nodes, values: I64, parent: npt.NDArray[Any]) -> I64 | N
     return total if done else None
 
 
+def zeroed(n: int, dtype: type[np.generic]) -> npt.NDArray[Any]:
+    """``np.zeros``, its memory written now: calloc leaves fresh pages
+    unwritten, and the scattered sums then read each one (the zero page
+    mapped) and write it (a copy mapped): two page faults a page, at about
+    3 us each on this machine, where a fill takes one in order. One host's
+    sums in a warm-up answer faulted 1,500 times a thread: 15-20 ms of
+    their 5-6."""
+    out = np.empty(n, dtype)
+    out.fill(0)
+    return out
+
+
 #: The node of each leaf id (-1: none yet), and the parent of each node.
 Slots = tuple[Nodes, Nodes]
 
@@ -205,9 +217,11 @@ def slot_totals(parts: Sequence[tuple[npt.NDArray[np.uint32], I64]], slots: Slot
     live = [(np.ascontiguousarray(ix, np.uint32), np.ascontiguousarray(v, np.int64))
             for ix, v in parts if len(ix)]
     g = unit(live[0][1]) if live else 1
-    acc: npt.NDArray[Any] = np.zeros(len(slots[1]), np.uint32)
+    acc: npt.NDArray[Any] = zeroed(len(slots[1]), np.uint32)
+    # (the helper's sums, then the roll-up's)
+    scratch = np.empty(len(acc), np.uint32)
     # of the values' magnitudes (in units while the sums are 32-bit)
-    size = _in_two(live, slots[0], g, acc)
+    size = _in_two(live, slots[0], g, acc, scratch)
     if size is not None:   # (every row summed)
         live = []
     size = size or 0
@@ -224,6 +238,7 @@ def slot_totals(parts: Sequence[tuple[npt.NDArray[np.uint32], I64]], slots: Slot
                 if not _has_slot(slots, int(ix[0]), len(slots[1])):
                     return None
                 acc = np.concatenate([acc, np.zeros(len(slots[1]) - len(acc), acc.dtype)])
+                scratch = np.empty(len(acc), np.uint32)
             elif acc.dtype == np.uint32:   # a value or sum past 32 bits
                 acc = acc.astype(np.int64) * g
                 size, g = size * g, 1
@@ -234,7 +249,7 @@ def slot_totals(parts: Sequence[tuple[npt.NDArray[np.uint32], I64]], slots: Slot
     own = acc if acc.dtype == np.uint32 else None
     if own is not None and size < 1 << 32:
         total = np.empty(len(acc), np.int64)
-        if _scatter.unit_roll_up(total, own, np.empty(len(acc), np.uint32), slots[1], g):
+        if _scatter.unit_roll_up(total, own, scratch, slots[1], g):
             return SlotTotals(total, own, g)
     total = acc.astype(np.int64) * g if own is not None else acc
     _scatter.roll_up(total, slots[1])
@@ -249,11 +264,12 @@ _helper_free = threading.Lock()   # held by the merge whose rows the helper sums
 
 
 def _in_two(live: list[tuple[npt.NDArray[np.uint32], I64]], by_leaf: Nodes, g: int,
-            acc: npt.NDArray[np.uint32]) -> int | None:
+            acc: npt.NDArray[np.uint32], other: npt.NDArray[np.uint32]) -> int | None:
     """``live``'s rows summed into ``acc`` (zeroed, uint32, in units of
-    ``g``) by two threads, the later parts into sums of their own added in
-    after. One host's hour, its tree built in turns in one process: 10.9
-    ms at the median against 16.1 in one thread; its answer, 2-3 ms sooner.
+    ``g``) by two threads, the later parts into ``other`` (as long; zeroed
+    here) added in after. One host's hour, its tree built in turns in one
+    process: 10.9 ms at the median against 16.1 in one thread; its answer,
+    2-3 ms sooner.
     Returns the size (as slot_sums counts it), or None where it did not
     sum every row (too few to be worth it, another merge has the helper
     thread (8 clients: none queues behind one), a leaf with no node, a
@@ -279,7 +295,7 @@ def _in_two(live: list[tuple[npt.NDArray[np.uint32], I64]], by_leaf: Nodes, g: i
         if not _helper:
             _helper.append(ThreadPoolExecutor(1, thread_name_prefix="ember-sums"))
         half = int(np.searchsorted(np.cumsum([len(ix) for ix, _ in live]), rows // 2)) + 1
-        other = np.zeros(len(acc), np.uint32)
+        other.fill(0)
         theirs = _helper[0].submit(run, live[half:], other)
         mine = run(live[:half], acc)
         size = theirs.result()
