@@ -7,6 +7,7 @@ test` sets as root, so CI cannot silently skip them).
 
 from __future__ import annotations
 
+import gc
 import os
 import shutil
 import subprocess
@@ -43,6 +44,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "bpf" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _unfrozen() -> Iterator[None]:
+    """A collector whose query index is built freezes the objects of the
+    process it runs in (collector/server.py), here the test's: each test
+    leaves them as it found them."""
+    yield
+    gc.unfreeze()
 
 
 @pytest.fixture(scope="session")

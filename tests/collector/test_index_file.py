@@ -5,9 +5,11 @@ a collector saves it when it stops and loads it when it starts."""
 
 from __future__ import annotations
 
+import gc
 import logging
 import random
 import time
+import weakref
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -154,5 +156,41 @@ def test_a_collector_saves_its_index_when_it_stops_and_loads_it_at_start(
     caplog.clear()
     again, second = run()
     assert again == nodes and second == first
-    assert f"({nodes} nodes loaded from {path})" in caplog.text
+    assert f"({nodes} nodes loaded from {path};" in caplog.text
     assert index_file.path_for(":memory:") is None
+
+
+def test_what_a_collector_s_start_built_is_kept_out_of_full_collections(
+        store: Store, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Once the query index is built, the objects the start made and keeps
+    (the index's names among them) are frozen: Python's full collections,
+    which walked them all with the GIL held, pass them by. What is made
+    later is collected as before."""
+    store.close()
+    cfg = CollectorConfig(grpc_listen="127.0.0.1:0", http_listen="127.0.0.1:0",
+                          storage=str(tmp_path / "db.duckdb"))
+    gc.unfreeze()
+    c = Collector(cfg)
+    try:
+        with caplog.at_level(logging.INFO):
+            c.start()
+            deadline = time.monotonic() + 60
+            while "query index of" not in caplog.text and time.monotonic() < deadline:
+                time.sleep(0.05)
+        assert "objects kept out of full collections" in caplog.text
+        assert gc.get_freeze_count() > 0
+        names = c.api.index.names
+        assert len(names) > 1 and gc.is_tracked(names)
+        assert all(o is not names for o in gc.get_objects())   # (frozen: in no generation)
+
+        class Later:
+            me: object = None
+        later = Later()
+        later.me = later   # (a cycle: refcounts alone do not free it)
+        gone = weakref.ref(later)
+        del later
+        gc.collect()
+        assert gone() is None
+    finally:
+        c.close()
+        gc.unfreeze()
