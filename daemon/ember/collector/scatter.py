@@ -64,6 +64,19 @@ def add_at(out: I64, index: npt.NDArray[Any], values: I64,
     return size
 
 
+def zeroed(n: int, dtype: type[np.generic]) -> npt.NDArray[Any]:
+    """``np.zeros``, its memory written now: calloc leaves fresh pages
+    unwritten, and the scattered sums then read each one (the zero page
+    mapped) and write it (a copy mapped): two page faults a page, at about
+    3 us each on this machine, where a fill takes one in order. One host's
+    sums in a warm-up answer faulted 1,498 times a thread: 15-21 ms of CPU
+    for 5-7 ms of sums. The sums per leaf too: their first call on one
+    host's rows faulted 2,051-2,246 times, 1,499 this way."""
+    out = np.empty(n, dtype)
+    out.fill(0)
+    return out
+
+
 def sum_per_index(parts: Sequence[tuple[npt.NDArray[np.uint32], Sequence[I64]]], columns: int
                   ) -> tuple[npt.NDArray[np.uint32], list[I64]]:
     """Several (indices, a values array per column) summed per index: the
@@ -102,7 +115,7 @@ def _sum_per_index_c(c_loops: ModuleType,
     accs: list[npt.NDArray[Any]] = []
     units: list[int] = []
     for c in range(columns):
-        acc: npt.NDArray[Any] = np.zeros(top, np.uint32)
+        acc: npt.NDArray[Any] = zeroed(top, np.uint32)
         g = unit(live[0][1][c])
         for ix, sums in live:
             index, values = _ints(ix), np.ascontiguousarray(sums[c], np.int64)
@@ -171,18 +184,6 @@ def unit_totals(leaves: Nodes, values: I64, parent: npt.NDArray[Any]) -> I64 | N
                                 np.ascontiguousarray(values, np.int64),
                                 np.ascontiguousarray(parent), g)
     return total if done else None
-
-
-def zeroed(n: int, dtype: type[np.generic]) -> npt.NDArray[Any]:
-    """``np.zeros``, its memory written now: calloc leaves fresh pages
-    unwritten, and the scattered sums then read each one (the zero page
-    mapped) and write it (a copy mapped): two page faults a page, at about
-    3 us each on this machine, where a fill takes one in order. One host's
-    sums in a warm-up answer faulted 1,500 times a thread: 15-20 ms of
-    their 5-6."""
-    out = np.empty(n, dtype)
-    out.fill(0)
-    return out
 
 
 #: The node of each leaf id (-1: none yet), and the parent of each node.
