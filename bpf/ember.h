@@ -135,6 +135,9 @@ enum ember_stat {
                                        * thread state (not a Python thread, or > 32 threads
                                        * before it) */
     EMBER_STAT_PY_READ_FAILED,        /* ... interpreter frames that could not be read */
+    EMBER_STAT_PY_NOT_CODE,           /* ... frames whose code is no code object: the
+                                       * thread entering the loop (3.11, 3.12: its
+                                       * current frame not yet set, stack garbage) */
     EMBER_STAT_MAX,
 };
 
@@ -391,6 +394,7 @@ struct ember_py_proc {
     __u64 interp_head;       /* address of _PyRuntime.interpreters.head */
     __u64 eval_start[2];     /* the interpreter loop, and its .cold part (0, 0: none) */
     __u64 eval_end[2];
+    __u64 code_type;         /* address of PyCode_Type: each frame's code must be one */
     __u16 interp_threads;    /* PyInterpreterState: its first thread state */
     __u16 tstate_next;
     __u16 tstate_tid;
@@ -408,7 +412,8 @@ struct ember_py_proc {
     __u8 frame_bytes;        /* bytes of a frame to read: past the last field used
                               * (a frame at a page's end must not fail for more) */
     __u16 task_fsbase;       /* MATCH_FSBASE: offsetof(task_struct, thread.fsbase) */
-    __u8 pad[4];
+    __u16 object_type;       /* PyObject: ob_type */
+    __u8 pad[2];
 };
 
 /* Value of ember_ustacks_*: a user stack walked from tables, leaf first. */

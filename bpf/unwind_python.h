@@ -142,8 +142,27 @@ static __always_inline int ember_py_step(struct ember_unwind_state *st, struct e
     }
     if (st->stack.len + 2 > EMBER_MAX_STACK_DEPTH)
         return 0;
-    u32 first = 0;
-    bpf_probe_read_user(&first, sizeof(first), (void *)(code + py->code_firstlineno));
+    /* The code object's head, up to co_firstlineno: its type must be
+     * PyCode_Type. A thread caught entering the loop (3.11, 3.12) has its new
+     * _PyCFrame in place before the frame in it: the frame is stack garbage,
+     * often a chain of it, and nothing of it is emitted. */
+    u32 o_type = py->object_type, o_first = py->code_firstlineno;
+    if (o_type > EMBER_PY_FRAME_BYTES - 8 || o_first > EMBER_PY_FRAME_BYTES - 4) {
+        st->py_frame = 0;
+        st->py_mode = EMBER_PY_NATIVE;
+        return 1;
+    }
+    u32 head = o_first + 4 > o_type + 8 ? o_first + 4 : o_type + 8;
+    if (head < 8 || head > EMBER_PY_FRAME_BYTES)
+        head = EMBER_PY_FRAME_BYTES;
+    if (bpf_probe_read_user(st->py_buf, head, (void *)code) ||
+        *(u64 *)(st->py_buf + o_type) != py->code_type) {
+        ember_stat_add(EMBER_STAT_PY_NOT_CODE, 1);
+        st->py_frame = 0;
+        st->py_mode = EMBER_PY_NATIVE;
+        return 1;
+    }
+    u32 first = *(u32 *)(st->py_buf + o_first);
     u64 index = 0;
     u64 base = code + py->code_adaptive;
     if (py->entry == EMBER_PY_ENTRY_ONE) {

@@ -150,6 +150,7 @@ class Stat(enum.IntEnum):
     PY_FRAMES = 29
     PY_NO_THREAD = 30
     PY_READ_FAILED = 31
+    PY_NOT_CODE = 32
 
 
 STAT_MAX = len(Stat)
@@ -333,6 +334,7 @@ class PyProc(ct.Structure):
         ("interp_head", ct.c_uint64),
         ("eval_start", ct.c_uint64 * 2),
         ("eval_end", ct.c_uint64 * 2),
+        ("code_type", ct.c_uint64),
         ("interp_threads", ct.c_uint16),
         ("tstate_next", ct.c_uint16),
         ("tstate_tid", ct.c_uint16),
@@ -349,7 +351,8 @@ class PyProc(ct.Structure):
         ("thread_match", ct.c_uint8),
         ("frame_bytes", ct.c_uint8),
         ("task_fsbase", ct.c_uint16),
-        ("pad", ct.c_uint8 * 4),
+        ("object_type", ct.c_uint16),
+        ("pad", ct.c_uint8 * 2),
     ]
 
 

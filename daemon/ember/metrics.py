@@ -257,12 +257,10 @@ class BpfStatsCollector(Collector):
         self.python = python
 
     def collect(self) -> Iterator[Metric]:
-        events = CounterMetricFamily("ember_bpf_events_total",
-                                     "Events the BPF programs counted (kernel side)",
-                                     labels=["type"])
-        dropped = CounterMetricFamily("ember_bpf_dropped_total",
-                                      "Events dropped in the kernel, by reason",
-                                      labels=["type", "reason"])
+        events = CounterMetricFamily("ember_bpf_events_total", "Events the BPF programs "
+                                     "counted (kernel side)", labels=["type"])
+        dropped = CounterMetricFamily("ember_bpf_dropped_total", "Events dropped in the "
+                                      "kernel, by reason", labels=["type", "reason"])
         lost = CounterMetricFamily("ember_bpf_stacks_lost_total",
                                    "Stack captures that failed in the kernel, by reason",
                                    labels=["type", "reason"])
@@ -275,9 +273,8 @@ class BpfStatsCollector(Collector):
         map_bytes = GaugeMetricFamily("ember_bpf_map_memory_bytes",
                                       "Kernel memory of each BPF map (fdinfo memlock)",
                                       labels=["type", "map"])
-        runs = CounterMetricFamily("ember_bpf_program_runs_total",
-                                   "Runs of ember's programs (needs kernel.bpf_stats_enabled=1)",
-                                   labels=["type"])
+        runs = CounterMetricFamily("ember_bpf_program_runs_total", "Runs of ember's programs "
+                                   "(needs kernel.bpf_stats_enabled=1)", labels=["type"])
         unwind = CounterMetricFamily(
             "ember_bpf_unwind_stacks_total",
             "User stacks by how the table unwinder ended: unwound (to the root), "
@@ -295,7 +292,8 @@ class BpfStatsCollector(Collector):
             "ember_bpf_python_walks_failed_total",
             "Walks of a Python process's frames that gave up: no_thread_state (the "
             "thread has none: not a Python thread, or more than 32 threads before it), "
-            "read_failed (a frame could not be read)", labels=["type", "reason"])
+            "read_failed (a frame could not be read), not_code (a frame's code was no "
+            "code object: a thread caught entering the eval loop)", labels=["type", "reason"])
         for kind, prog in self.programs().items():
             try:
                 stats = prog.stats()
@@ -304,6 +302,7 @@ class BpfStatsCollector(Collector):
             py_frames.add_metric([kind], stats[abi.Stat.PY_FRAMES])
             py_failed.add_metric([kind, "no_thread_state"], stats[abi.Stat.PY_NO_THREAD])
             py_failed.add_metric([kind, "read_failed"], stats[abi.Stat.PY_READ_FAILED])
+            py_failed.add_metric([kind, "not_code"], stats[abi.Stat.PY_NOT_CODE])
             events.add_metric([kind], stats[abi.Stat.COUNTED])
             dropped.add_metric([kind, "counts_map_full"], stats[abi.Stat.COUNTS_FULL])
             dropped.add_metric([kind, "threads_map_full"], stats[abi.Stat.THREADS_FULL])

@@ -114,6 +114,7 @@ class Interpreter:
             v.frame_previous + 8, v.frame_code + 8, v.frame_instr + 8, v.frame_entry + 1))
         v.code_adaptive = max(lay.code_adaptive, 0)
         v.code_firstlineno = lay.code_firstlineno
+        v.code_type, v.object_type = self.code_type, lay.object_type
         return v
 
 
