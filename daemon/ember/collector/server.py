@@ -219,6 +219,8 @@ class Collector:
         self._closed = False
         self._index_path = index_file.path_for(cfg.storage)
         self._index_saved = 0  # nodes in the index file
+        # set once the start's index build (and its full collection) is over
+        self.warmed = threading.Event()
 
     def authorized(self, header: str) -> bool:
         if not self.token:
@@ -281,6 +283,12 @@ class Collector:
         by the first query (seconds for a fleet's hour); queries arriving
         meanwhile wait for it, writes do not. From the one saved beside the
         store when there is one (index_file.py): only what it lacks is added."""
+        try:
+            self._build_index()
+        finally:
+            self.warmed.set()
+
+    def _build_index(self) -> None:
         began = time.monotonic()
         index, path = self.api.index, self._index_path
         loaded = self._index_saved = index_file.load(index, path) if path is not None else 0
