@@ -104,6 +104,14 @@ static __always_inline void ember_py_push(struct ember_unwind_state *st, u64 v)
     st->stack.hash = (st->stack.hash ^ v) * EMBER_FNV_PRIME;
 }
 
+/* No more Python frames in this walk: the native walk goes on. */
+static __always_inline int ember_py_stop(struct ember_unwind_state *st)
+{
+    st->py_frame = 0;
+    st->py_mode = EMBER_PY_NATIVE;
+    return 1;
+}
+
 /* One Python frame of the current interpreter-loop call: emitted (two
  * slots), or the call's end. 0: the stack is full. */
 static __always_inline int ember_py_step(struct ember_unwind_state *st, struct ember_py_proc *py)
@@ -118,18 +126,15 @@ static __always_inline int ember_py_step(struct ember_unwind_state *st, struct e
         n = EMBER_PY_FRAME_BYTES;
     if (bpf_probe_read_user(st->py_buf, n, (void *)f)) {
         ember_stat_add(EMBER_STAT_PY_READ_FAILED, 1);
-        st->py_frame = 0;
-        st->py_mode = EMBER_PY_NATIVE;
-        return 1;
+        return ember_py_stop(st);
     }
     u32 o_prev = py->frame_previous, o_code = py->frame_code, o_instr = py->frame_instr;
     u32 o_entry = py->frame_entry;
+    u32 o_type = py->object_type, o_first = py->code_firstlineno;  /* in the code object */
     if (o_prev > EMBER_PY_FRAME_BYTES - 8 || o_code > EMBER_PY_FRAME_BYTES - 8 ||
-        o_instr > EMBER_PY_FRAME_BYTES - 8 || o_entry > EMBER_PY_FRAME_BYTES - 1) {
-        st->py_frame = 0;
-        st->py_mode = EMBER_PY_NATIVE;
-        return 1;
-    }
+        o_instr > EMBER_PY_FRAME_BYTES - 8 || o_entry > EMBER_PY_FRAME_BYTES - 1 ||
+        o_type > EMBER_PY_FRAME_BYTES - 8 || o_first > EMBER_PY_FRAME_BYTES - 4)
+        return ember_py_stop(st);
     u64 previous = *(u64 *)(st->py_buf + o_prev);
     u64 code = *(u64 *)(st->py_buf + o_code);
     u64 instr = *(u64 *)(st->py_buf + o_instr);
@@ -146,21 +151,13 @@ static __always_inline int ember_py_step(struct ember_unwind_state *st, struct e
      * PyCode_Type. A thread caught entering the loop (3.11, 3.12) has its new
      * _PyCFrame in place before the frame in it: the frame is stack garbage,
      * often a chain of it, and nothing of it is emitted. */
-    u32 o_type = py->object_type, o_first = py->code_firstlineno;
-    if (o_type > EMBER_PY_FRAME_BYTES - 8 || o_first > EMBER_PY_FRAME_BYTES - 4) {
-        st->py_frame = 0;
-        st->py_mode = EMBER_PY_NATIVE;
-        return 1;
-    }
     u32 head = o_first + 4 > o_type + 8 ? o_first + 4 : o_type + 8;
     if (head < 8 || head > EMBER_PY_FRAME_BYTES)
         head = EMBER_PY_FRAME_BYTES;
     if (bpf_probe_read_user(st->py_buf, head, (void *)code) ||
         *(u64 *)(st->py_buf + o_type) != py->code_type) {
         ember_stat_add(EMBER_STAT_PY_NOT_CODE, 1);
-        st->py_frame = 0;
-        st->py_mode = EMBER_PY_NATIVE;
-        return 1;
+        return ember_py_stop(st);
     }
     u32 first = *(u32 *)(st->py_buf + o_first);
     u64 index = 0;
