@@ -8,7 +8,8 @@ A real ``ember collector`` process serves the generated store; once it
 has built its query index, rolled up the closed blocks and grouped their
 rows by series (each timed), the figures are what its HTTP API answers:
 each view's latency (the first, cold, answer and the median of the next
-five), 8 concurrent clients over
+five; for ranges not asked before, beside a reference of the machine's
+own speed measured before and after them), 8 concurrent clients over
 --seconds (p50/p99) while a live fleet writes (real WriteRaw requests over
 gRPC, --write-hosts profiles every --write-every s: every write makes the
 answers before it stale), the collector's peak RSS, the store on disk; and
@@ -34,6 +35,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import grpc
+import numpy as np
 from fleet_hour import generate, scaled
 
 from common import EMBER, free_port, metric, render, status_kb
@@ -84,6 +86,28 @@ def wait_still(port: int, name: str, still_s: float = 5.0, most_s: float = 300) 
             return n
         time.sleep(0.5)
     return last
+
+
+_REF = np.random.default_rng(0)
+_REF_BINS = _REF.integers(0, 800_000, 1_250_000)
+_REF_WEIGHTS = _REF.integers(1, 20, 1_250_000).astype(np.float64)
+
+
+def reference(times: int = 10) -> list[float]:
+    """The machine's speed right now, ``times`` over (seconds each): one
+    host's rows (1.25 million) summed into a tree's 800,000 nodes at
+    random places, the memory-bound pass most of the collector's answer
+    is, here in the bench's process. A shared host's neighbours slow it
+    and the collector together: in five runs of one probe, 8.4-9.7 ms
+    while one host took 30-32, and 13.3 while it took 36. (Taken between
+    the measured requests, not among them: its 26 MB would push the
+    collector's out of the shared cache.)"""
+    out = []
+    for _ in range(times):
+        began = time.perf_counter()
+        np.bincount(_REF_BINS, _REF_WEIGHTS, minlength=800_000)
+        out.append(time.perf_counter() - began)
+    return out
 
 
 def fleet_requests(hosts: int, at_ns: int, rng: random.Random,
@@ -198,7 +222,10 @@ def main() -> int:
             # second earlier than the last (the first answer above waited
             # for the index the start builds; this one does not)
             now = time.time_ns()
-            # (ten of each: five medians swung by a third from run to run)
+            # (ten of each: five medians swung by a third from run to run;
+            # before and after them, the machine's reference: its own
+            # speed, which moves by half within minutes on a shared host)
+            ref = reference()
             fresh = [fetch(f"http://127.0.0.1:{port}/api/v1/tree?from={now - 2 * 3600 * 10**9}"
                            f"&to={now - i * 10**9}") for i in range(1, 11)]
             rows.append(["whole hour, a range not asked before (median of 10)", "-",
@@ -208,9 +235,12 @@ def main() -> int:
             hosts = [fetch(f"http://127.0.0.1:{port}/api/v1/tree?from={now - 2 * 3600 * 10**9}"
                            f"&to={now - i * 10**9}&match=host=host-{(3 + i) % 20:02d}")
                      for i in range(1, 11)]
+            ref += reference()
             rows.append(["one host, a host and range not asked before (median of 10)", "-",
                          f"{statistics.median(hosts) * 1000:.0f} (slowest "
                          f"{max(hosts) * 1000:.0f})"])
+            rows.append(["... the machine's reference, 10 before and 10 after (median)", "-",
+                         f"{statistics.median(ref) * 1000:.1f} (slowest {max(ref) * 1000:.1f})"])
             out.append(render(f"Views (scale {s}: {gen['rows']:,} rows; ms)",
                               ["view", "first", "median of 5"], rows))
             lat: list[float] = []
