@@ -178,6 +178,28 @@ def ns_per_sample(work: subprocess.Popen[bytes], seconds: float, *record_args: s
     return (t1 - t0) / max(1, n1 - n0)
 
 
+def fetch(url: str, timeout: float = 300) -> float:
+    """Seconds to GET ``url`` and read all of its answer."""
+    import urllib.request
+    began = time.perf_counter()
+    with urllib.request.urlopen(url, timeout=timeout) as r:
+        r.read()
+    return time.perf_counter() - began
+
+
+def wait_healthy(port: int, proc: subprocess.Popen[bytes], what: str = "collector") -> None:
+    """Once the ember process ``proc`` answers /healthz on ``port``;
+    RuntimeError if it exits first."""
+    while True:
+        try:
+            fetch(f"http://127.0.0.1:{port}/healthz")
+            return
+        except OSError:
+            if proc.poll() is not None:
+                raise RuntimeError(f"{what}: exited ({proc.returncode})") from None
+            time.sleep(0.2)
+
+
 def metric(port: int, name: str) -> int:
     """The sum of a Prometheus metric's samples on an ember HTTP port."""
     import urllib.request

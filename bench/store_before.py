@@ -34,14 +34,13 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from dataclasses import replace
 from pathlib import Path
 
 import grpc
 import numpy as np
 
-from common import EMBER, ROOT, free_port, render, status_kb
+from common import EMBER, ROOT, fetch, free_port, render, status_kb, wait_healthy
 from ember.agent.labels import ProcessLabels, series_labels
 from ember.encode.writeraw import make_series
 from ember.model import Frame, FrameKind, Mapping, Profile, Sample, cpu_type
@@ -117,13 +116,6 @@ def before_tree(rev: str, into: Path) -> Path:
     return into / "daemon"
 
 
-def fetch(u: str) -> float:
-    began = time.perf_counter()
-    with urllib.request.urlopen(u, timeout=600) as r:
-        r.read()
-    return time.perf_counter() - began
-
-
 def measure(name: str, command: list[str], env: dict[str, str] | None, store: Path,
             reqs: list[ps.WriteRawRequest], repeat: int, old_store: bool) -> dict[str, str]:
     """One collector given the hour, then asked the questions."""
@@ -141,15 +133,7 @@ def measure(name: str, command: list[str], env: dict[str, str] | None, store: Pa
     threading.Thread(target=watch, daemon=True).start()
     out: dict[str, str] = {}
     try:
-        while True:
-            try:
-                fetch(f"http://127.0.0.1:{port}/healthz")
-                break
-            except OSError:
-                if proc.poll() is not None:
-                    raise RuntimeError(f"{name}: the collector exited "
-                                       f"({proc.returncode})") from None
-                time.sleep(0.2)
+        wait_healthy(port, proc, f"{name}: the collector")
         stub = ProfileStoreServiceStub(grpc.insecure_channel(f"127.0.0.1:{grpc_port}"))
         began = time.perf_counter()
         for r in reqs:
@@ -161,11 +145,11 @@ def measure(name: str, command: list[str], env: dict[str, str] | None, store: Pa
                 continue
             u = f"http://127.0.0.1:{port}{route}?since=2h" + "".join(
                 f"&{k}={v}" for k, v in params.items())
-            cold = fetch(u)
+            cold = fetch(u, timeout=600)   # (the first store: 1-2 minutes an answer)
             # (the next answers are asked on ranges a second apart: the new
             # store keeps an answer per range, the first keeps none)
             now = time.time_ns()
-            rest = [fetch(f"{u}&from={now - 7200 * 10**9}&to={now - i * 10**9}")
+            rest = [fetch(f"{u}&from={now - 7200 * 10**9}&to={now - i * 10**9}", timeout=600)
                     for i in range(1, repeat + 1)]
             out[f"{question}, first (ms)"] = f"{cold * 1000:.0f}"
             out[f"{question}, a range not asked before (median of {repeat}, ms)"] = \

@@ -30,7 +30,6 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from dataclasses import replace
 from pathlib import Path
 
@@ -38,7 +37,7 @@ import grpc
 import numpy as np
 from fleet_hour import generate, scaled
 
-from common import EMBER, free_port, metric, render, status_kb
+from common import EMBER, fetch, free_port, metric, render, status_kb, wait_healthy
 from ember.agent.labels import ProcessLabels, series_labels
 from ember.collector.store import Store
 from ember.collector.validate import DEFAULT_LIMITS, check_request
@@ -63,13 +62,6 @@ def url(port: int, path: str, params: dict[str, object]) -> str:
     for k, v in params.items():
         pairs += [(k, x) for x in (v if isinstance(v, list) else [v])]
     return f"http://127.0.0.1:{port}{path}?" + "&".join(f"{k}={v}" for k, v in pairs)
-
-
-def fetch(u: str) -> float:
-    began = time.perf_counter()
-    with urllib.request.urlopen(u, timeout=300) as r:
-        r.read()
-    return time.perf_counter() - began
 
 
 def wait_still(port: int, name: str, still_s: float = 5.0, most_s: float = 300) -> int:
@@ -192,12 +184,7 @@ def main() -> int:
                 peaks[phase] = max(peaks.get(phase, 0), status_kb(proc.pid, "VmRSS"))
         threading.Thread(target=watch, daemon=True).start()
         try:
-            while True:
-                try:
-                    fetch(f"http://127.0.0.1:{port}/healthz")
-                    break
-                except OSError:
-                    time.sleep(0.2)
+            wait_healthy(port, proc)
             opened = time.monotonic() - began
             # what a collector does as it starts: the query index of every
             # stored stack (a query of ten minutes waits for it), then the
