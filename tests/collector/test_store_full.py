@@ -37,7 +37,7 @@ def samples(store: Store) -> int:
 
 def test_a_full_disk_refuses_writes_and_keeps_reads(tmp_path: Path,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    per_profile = sum(s.value[0] for s in BASE.proto.sample) if BASE.proto else 0
+    per_profile = BASE.samples   # (the sum of its samples' first values)
     with tiny_filesystem(tmp_path / "fs", "32m") as fs:
         store = Store(fs / "db.duckdb")
         store.write([profile(0)])

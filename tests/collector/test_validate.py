@@ -4,6 +4,7 @@ stacks."""
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import time
 import tracemalloc
@@ -13,6 +14,8 @@ from collections.abc import Callable
 import pytest
 from google.protobuf.message import DecodeError
 
+from ember.collector import validate
+from ember.collector.intern import Interner, Rows
 from ember.collector.store import StoredProfile
 from ember.collector.validate import (
     DEFAULT_LIMITS,
@@ -23,6 +26,7 @@ from ember.collector.validate import (
 )
 from ember.encode.pprof import decode_pprof
 from ember.model import MAX_STACK_DEPTH, TRUNCATED
+from ember.proto import pprof_head_pb2 as ph
 from ember.proto import profile_pb2 as pb
 from ember.proto import profilestore_pb2 as ps
 from tests.support.collector import series
@@ -244,3 +248,50 @@ def test_stacks_at_the_limit_are_stored_as_sent() -> None:
     assert stored.data == req.series[0].samples[0].raw_profile
     assert frames_of(decode_pprof(stored.data), 0) == MAX_STACK_DEPTH
     assert len(p.location) == len(decode_pprof(stored.data).location)
+
+
+def rows_of_one(stored: StoredProfile) -> Rows:
+    assert stored.proto is not None
+    rows = Rows()
+    Interner().add(rows, stored.proto, stored.series_labels, stored.type, stored.time_ns,
+                   stored.time_ns + stored.duration_ns, stored.tables)
+    return rows
+
+
+def test_a_profile_read_as_its_head_is_what_the_whole_profile_gives(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The common profile is read without a message per sample, location and
+    function (pprof_head.proto); what is stored of it is what reading the
+    whole Profile stores: the same record, the same rows, frames and stacks."""
+    req = request(series().samples[0].raw_profile)
+    head = accept(req)
+    assert isinstance(head.proto, ph.ProfileHead)
+    monkeypatch.setattr(validate, "_read_head", lambda *_: None)
+    whole = accept(req)
+    assert isinstance(whole.proto, pb.Profile)
+    assert head == whole   # (id, labels, type, times, sum of values, bytes)
+    a, b = rows_of_one(head), rows_of_one(whole)
+    assert a.new_frames == b.new_frames and a.new_stacks == b.new_stacks
+    assert a.new_threads == b.new_threads and a.new_series == b.new_series
+    ca, cb = a.columns(), b.columns()
+    assert ca.keys() == cb.keys() and len(a) > 0
+    assert all((ca[k] == cb[k]).all() for k in ca)
+
+
+@pytest.mark.parametrize("change", [
+    lambda p: deep(p, [1] * (MAX_STACK_DEPTH + 1)),       # capped
+    lambda p: p.location[0].line.add(function_id=99),     # refused, by the whole's loops
+    lambda p: p.sample[0].value.__setitem__(0, -1),       # refused, by the whole's loops
+])
+def test_what_the_head_cannot_take_is_read_whole(change: Callable[[pb.Profile], object]) -> None:
+    seen: list[object] = []
+    real = validate.parse
+
+    def parse(raw: bytes, limits: Limits) -> tuple[pb.Profile, bool]:
+        seen.append(raw)
+        return real(raw, limits)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(validate, "parse", parse)
+        with contextlib.suppress(InvalidRequest):
+            accept(mutated(change))
+    assert seen, "the profile was not read as a whole Profile"

@@ -35,6 +35,7 @@ from types import ModuleType
 import numpy as np
 import numpy.typing as npt
 
+from ..encode.pprof import ProfileMessage
 from ..proto import pprof_tables_pb2 as pt
 from ..proto import profile_pb2 as pb
 from .scatter import ranges
@@ -314,7 +315,7 @@ def _distinct(buf: bytes, begin: I64, end: I64) -> tuple[list[bytes], I64]:
 class Tables:
     """A profile's locations, functions and samples as arrays."""
 
-    source: pb.Profile  # what they were read from (and say nothing of another)
+    source: ProfileMessage  # what they were read from (and say nothing of another)
     locations: Locations
     functions: Functions
     samples: Samples
@@ -322,7 +323,7 @@ class Tables:
     string_hash: U64 | None = None
 
 
-def read(p: pb.Profile, raw: bytes | None = None) -> Tables | None:
+def read(p: ProfileMessage, raw: bytes | None = None) -> Tables | None:
     """``p``'s tables, or None when they are not laid out as expected (then
     read it message by message). ``raw``: the bytes ``p`` was parsed from
     (it is serialized again if not given)."""
@@ -330,7 +331,7 @@ def read(p: pb.Profile, raw: bytes | None = None) -> Tables | None:
     return (in_c if _pprof is not None else in_numpy)(p, data)
 
 
-def in_numpy(p: pb.Profile, raw: bytes) -> Tables | None:
+def in_numpy(p: ProfileMessage, raw: bytes) -> Tables | None:
     """``read`` by the numpy reader above (where the C one was not built)."""
     t = pt.ProfileTables.FromString(raw)
     # (lists: each read of the message's list makes its bytes anew)
@@ -342,7 +343,7 @@ def in_numpy(p: pb.Profile, raw: bytes) -> Tables | None:
     return Tables(p, loc, fn, smp)
 
 
-def in_c(p: pb.Profile, raw: bytes) -> Tables | None:
+def in_c(p: ProfileMessage, raw: bytes) -> Tables | None:
     """``read`` by the C reader (_pprof.c): one pass over ``raw``, the GIL
     released, 8-byte words out."""
     assert _pprof is not None

@@ -29,7 +29,14 @@ import numpy as np
 import numpy.typing as npt
 
 from ..encode.folded import clean
-from ..encode.pprof import FunctionKey, LineKey, MappingKey, location_frames, sample_context
+from ..encode.pprof import (
+    FunctionKey,
+    LineKey,
+    MappingKey,
+    ProfileMessage,
+    location_frames,
+    sample_context,
+)
 from ..model import Frame, Mapping
 from ..proto import profile_pb2 as pb
 from . import decode
@@ -180,7 +187,7 @@ class Interner:
         self._mappings: dict[tuple[object, ...], int] = {}
         self._thread_ids: dict[ThreadKey, tuple[int, int]] = {}
 
-    def add(self, rows: Rows, p: pb.Profile, series_labels: Sequence[tuple[str, str]],
+    def add(self, rows: Rows, p: ProfileMessage, series_labels: Sequence[tuple[str, str]],
             type_: str, time_ns: int, end_ns: int, tables: decode.Tables | None = None
             ) -> None:
         """Append the samples of one (validated) profile to ``rows``, from
@@ -197,6 +204,8 @@ class Interner:
         if tables is not None:
             self._add_tables(rows, p, tables, (time_ns, end_ns, sid, tid_type))
             return
+        if not isinstance(p, pb.Profile):   # (a head is read in bulk: this is not reached)
+            p = pb.Profile.FromString(p.SerializeToString())
         # (an id no location has: no frames, as a query reads it)
         frames_at = defaultdict(tuple, self._locations_of(p, rows)).__getitem__
         st = p.string_table
@@ -237,7 +246,7 @@ class Interner:
             for i in range(MAX_VALUES):
                 rows.values[i].append(vals[i] if i < len(vals) else 0)
 
-    def _add_tables(self, rows: Rows, p: pb.Profile, t: decode.Tables,
+    def _add_tables(self, rows: Rows, p: ProfileMessage, t: decode.Tables,
                     fixed: tuple[int, int, int, int]) -> None:
         """``add`` from arrays: each location is looked up by its content
         (mapping, address, functions and lines, as small ids) in one pass,
@@ -307,7 +316,7 @@ class Interner:
                               else np.zeros(m, np.int64))
         rows.chunks.append(chunk)
 
-    def _location_frames(self, p: pb.Profile, st: Sequence[str], t: decode.Tables,
+    def _location_frames(self, p: ProfileMessage, st: Sequence[str], t: decode.Tables,
                          rows: Rows) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.int64]]:
         """Every location's frame ids (root first), one after another, and
         how many each has: found by content (locations.py), a width at a

@@ -14,9 +14,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import numpy.typing as npt
 
-from ..encode.pprof import encode_pprof, profile_shape
+from ..encode.pprof import ProfileMessage, encode_pprof, profile_shape
 from ..model import Profile, ProfileType, Sample
-from ..proto import profile_pb2 as pb
 from .intern import MAX_VALUES, Interner, Rows
 from .matchers import Matchers
 from .results import columns
@@ -47,7 +46,7 @@ class StoredProfile:
     duration_ns: int
     samples: int          # sum of the first sample value (for timelines)
     data: bytes           # gzip pprof, as received (its size counts)
-    proto: pb.Profile | None = field(default=None, compare=False, repr=False)
+    proto: ProfileMessage | None = field(default=None, compare=False, repr=False)
     tables: Tables | None = field(default=None, compare=False, repr=False)  # proto's, read
 
 

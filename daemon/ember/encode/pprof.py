@@ -12,6 +12,7 @@ from __future__ import annotations
 import gzip
 import zlib
 from collections.abc import Sequence
+from typing import TypeAlias
 
 from ..model import (
     KERNEL_MAPPING,
@@ -23,10 +24,14 @@ from ..model import (
     Sample,
     location_groups,
 )
+from ..proto import pprof_head_pb2 as ph
 from ..proto import profile_pb2 as pb
 from .depth import cap_frames
 
 GZIP_MAGIC = b"\x1f\x8b"
+#: A parsed pprof: the whole Profile, or its head (proto/pprof_head.proto:
+#: samples, locations and functions as bytes), which has every other field.
+ProfileMessage: TypeAlias = pb.Profile | ph.ProfileHead
 _PIECE = 1 << 16  # compressed bytes handed to zlib at a time
 
 
@@ -229,7 +234,7 @@ def sample_context(s: Sequence[str], x: pb.Sample) -> tuple[int, int, str,
     return pid, tid, thread, tuple(sorted(labels.items()))
 
 
-def profile_shape(p: pb.Profile) -> ProfileType:
+def profile_shape(p: ProfileMessage) -> ProfileType:
     s = p.string_table
     types = tuple((s[t.type], s[t.unit]) for t in p.sample_type)
     return ProfileType(name="", sample_types=types,
