@@ -111,7 +111,7 @@ def main() -> int:
             for _ in range(args.rounds):
                 batch = [Write(c, []) for c in checked[at:at + size]]
                 at += size
-                rows, meta = rows_of(store.interner, batch, set())
+                rows, meta, _ = rows_of(store.interner, batch, set())
                 began = time.perf_counter()
                 assert store._commit(rows, meta, time.time_ns())
                 ms.append((time.perf_counter() - began) / size * 1e3)

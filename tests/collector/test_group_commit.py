@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from ember.collector import store as store_module
 from ember.collector.rows import Queue
 from ember.collector.store import Store, StoredProfile
 from ember.collector.validate import DEFAULT_LIMITS, check_request
@@ -164,3 +165,24 @@ def test_the_size_between_measures_is_never_below_the_store_s(tmp_path: Path) ->
         with store._lock:
             assert estimate >= store._size(), i
     assert store._grown > 0   # (the estimate was used, not a measure each time)
+
+
+def test_asking_the_size_does_not_wait_for_the_lock(tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each write asks the size before it queues: one that waited for the
+    lock to measure it waited for a transaction more. Asked while a write
+    holds the lock, the size is the estimate, at once and not below the
+    store's; asked when it is free, it is measured."""
+    store = Store(tmp_path / "s.duckdb")
+    store.write(profiles(5, "a"))
+    monkeypatch.setattr(store_module, "SIZE_FRESH_S", 0.0)   # (every ask would measure)
+    with store._lock:
+        before = store._size()
+        got: list[int] = []
+        t = threading.Thread(target=lambda: got.append(store.size_bytes()))
+        t.start()
+        t.join(5)
+        assert got and got[0] >= before, "the size was not answered while the lock was held"
+    grown = store._grown
+    store.size_bytes()
+    assert store._grown == 0 <= grown, "asked with the lock free, the size was not measured"

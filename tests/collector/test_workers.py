@@ -12,6 +12,7 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import replace
@@ -21,6 +22,7 @@ import pytest
 
 from ember.agent.labels import ProcessLabels, series_labels
 from ember.collector import workers
+from ember.collector.rows import Queue
 from ember.collector.store import Store
 from ember.collector.validate import DEFAULT_LIMITS, InvalidRequest, check_request
 from ember.encode.writeraw import make_series
@@ -109,6 +111,58 @@ def test_what_a_worker_sent_for_a_failed_write_is_made_again() -> None:
     prepared, _ = workers.prepare(reqs[0].SerializeToString(), DEFAULT_LIMITS, time.time_ns())
     assert not prepared[0].rows.new_stacks, "the worker no longer sends its stacks"
     assert contents(again) == contents(by_the_collector(reqs))
+
+
+def made_by_a_worker(reqs: list[ps.WriteRawRequest]) -> list[list[workers.Prepared]]:
+    out = []
+    for r in reqs:
+        prepared, _ = workers.prepare(r.SerializeToString(), DEFAULT_LIMITS, time.time_ns())
+        out.append(workers.with_data(prepared, r))
+    return out
+
+
+def stored_in_one_batch(made: list[list[workers.Prepared]], order: list[int],
+                        together: bool = True) -> Store:
+    """The writes of ``made`` queued in ``order``, all before the store's
+    lock is let go if ``together``, else the first written alone and the
+    rest queued once it is held back. The collector reading a profile
+    itself fails the test."""
+    store = Store(":memory:")
+
+    def refuse(*_: object) -> None:
+        raise AssertionError("the collector read a profile a worker had read")
+    store.interner.add = refuse  # type: ignore[method-assign]
+    answers: list[tuple[int, int]] = []
+    threads = [threading.Thread(target=lambda i=i: answers.append(store.write(
+        [x.profile for x in made[i]], [(x.shape, x.rows) for x in made[i]]))) for i in order]
+    if together:
+        with store._lock:
+            for k, t in enumerate(threads, 1):
+                t.start()
+                assert wait_for(lambda k=k: len(store._queue) == k)  # (queued in this order)
+    else:
+        threads[0].start()
+        assert wait_for(lambda: any(w.held for w in store._queue._writes))
+        for t in threads[1:]:
+            t.start()
+    for t in threads:
+        t.join(30)
+    assert answers == [(1, 0)] * len(order)
+    return store
+
+
+@pytest.mark.parametrize("together", [True, False], ids=["one batch", "the next batch"])
+def test_a_profile_answered_before_the_one_that_sent_its_stacks_is_stored_from_its_rows(
+        together: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker sends a stack with the first profile naming it; the second
+    profile's write may reach the store first, in the same batch or alone
+    before it: it waits for the first (held back once), and is stored as
+    the two in order are, not read by the collector."""
+    monkeypatch.setattr(Queue, "LINGER_S", 60.0)
+    reqs = requests(2)
+    mine = stored_in_one_batch(made_by_a_worker(reqs), [1, 0], together)
+    monkeypatch.setattr(workers, "_interner", None)
+    assert contents(mine) == contents(stored_in_one_batch(made_by_a_worker(reqs), [0, 1]))
 
 
 def test_a_worker_that_dies_is_replaced() -> None:

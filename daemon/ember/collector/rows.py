@@ -56,7 +56,7 @@ class Write:
 
     def __init__(self, profiles: Sequence[StoredProfile], made: Sequence[tuple[str, Rows]]):
         self.profiles, self.made = profiles, made
-        self.done = False
+        self.done = self.held = False
         self.result = (0, 0)
         self.error: BaseException | None = None
 
@@ -83,17 +83,20 @@ class Queue:
         with self._changed:
             return len(self._writes)
 
-    def add(self, w: Write) -> None:
+    def add(self, *writes: Write) -> None:
         with self._changed:
-            self._writes.append(w)
+            self._writes.extend(writes)
             self._changed.notify()
 
     def take(self) -> list[Write]:
         """Every write queued (called with the store's lock held)."""
         with self._changed:
-            if self._last > 1:
+            # (a write held back waits as long for one more: rows_of)
+            held = sum(w.held for w in self._writes)
+            if self._last > 1 or held:
+                want = max(self.BATCH if self._last > 1 else 0, held + 1 if held else 0)
                 deadline = time.monotonic() + self.LINGER_S
-                while len(self._writes) < self.BATCH:
+                while len(self._writes) < want:
                     left = deadline - time.monotonic()
                     if left <= 0:
                         break
@@ -103,33 +106,66 @@ class Queue:
             return batch
 
 
-def rows_of(interner: Interner, batch: list[Write], have: set[str]
-            ) -> tuple[Rows, list[tuple[StoredProfile, str]]]:
+def rows_of(interner: Interner, batch: list[Write], have: set[str], hold: bool = False
+            ) -> tuple[Rows, list[tuple[StoredProfile, str]], list[Write]]:
     """The rows of the batch's profiles not in ``have``, each profile once,
     and their metadata; each write's ``result`` says how many of its own
-    were (stored, already there)."""
+    were (stored, already there).
+
+    A worker sends a frame or stack with the first profile it names it in,
+    and requests are answered in whatever order their threads run: the
+    profile that sent it may come later in the batch than one naming it.
+    So rows a worker made that name what is neither stored nor sent yet
+    wait for the rest of the batch, and with ``hold``, a write of such rows
+    not held before is left out and returned (for the next batch: its
+    sender was answered but not queued yet). Only what still waits is made
+    here from the profile, which took the collector's own process 50-100 ms
+    a profile of a program new to it, under the store's lock, in a fleet's
+    first seconds (Interner.adopt)."""
     from .validate import DEFAULT_LIMITS, decompress, parse  # rows without their proto
     rows = Rows()
     meta: list[tuple[StoredProfile, str]] = []
+    stored: dict[int, int] = {}
     seen: set[str] = set()
+    waiting: list[tuple[Write, int]] = []
     for w in batch:
-        before = len(meta)
+        stored[id(w)] = 0
         for i, sp in enumerate(w.profiles):
             if sp.profile_id in have or sp.profile_id in seen:
                 continue
             seen.add(sp.profile_id)
             if w.made and interner.adopt(rows, w.made[i][1]):
                 meta.append((sp, w.made[i][0]))
-                continue
-            p = sp.proto
-            if p is None:
-                p, _ = parse(decompress(sp.data, DEFAULT_LIMITS.max_profile_size)[0],
-                             DEFAULT_LIMITS)
-            interner.add(rows, p, sp.series_labels, sp.type, sp.time_ns,
-                         sp.time_ns + sp.duration_ns, sp.tables)
-            meta.append((sp, shape_json(profile_shape(p))))
-        w.result = (len(meta) - before, len(w.profiles) - (len(meta) - before))
-    return rows, meta
+                stored[id(w)] += 1
+            else:
+                waiting.append((w, i))
+    while waiting:
+        adopted = [(w, i) for w, i in waiting if w.made and interner.adopt(rows, w.made[i][1])]
+        for w, i in adopted:
+            meta.append((w.profiles[i], w.made[i][0]))
+            stored[id(w)] += 1
+        if not adopted:
+            break
+        waiting = [x for x in waiting if x not in adopted]
+    held = list({id(w): w for w, _ in waiting if w.made and not w.held}.values()) if hold else []
+    if held:
+        for w in held:
+            w.held = True
+        rows, meta, _ = rows_of(interner, [w for w in batch if w not in held], have)
+        return rows, meta, held
+    for w, i in waiting:
+        sp = w.profiles[i]
+        p = sp.proto
+        if p is None:
+            p, _ = parse(decompress(sp.data, DEFAULT_LIMITS.max_profile_size)[0],
+                         DEFAULT_LIMITS)
+        interner.add(rows, p, sp.series_labels, sp.type, sp.time_ns,
+                     sp.time_ns + sp.duration_ns, sp.tables)
+        meta.append((sp, shape_json(profile_shape(p))))
+        stored[id(w)] += 1
+    for w in batch:
+        w.result = (stored[id(w)], len(w.profiles) - stored[id(w)])
+    return rows, meta, []
 
 
 @dataclass(frozen=True)

@@ -58,6 +58,7 @@ from .tables import (
     one,
     stack_frames,
     storage_error,
+    stored_ids,
     used_bytes,
 )
 
@@ -108,10 +109,9 @@ class Store:
     def _open(self) -> None:
         try:
             self._db = duckdb.connect(self.path)
-            # DuckDB's buffers (its cache of column blocks and the merges'
-            # tables): a fleet hour's merges, one at a time (reading), run
-            # as fast at 64 MB as at 1 GB, and at 48 MB as at 64 (which
-            # held 30-60 MB more of the collector's RSS as it started)
+            # DuckDB's buffers (column blocks, the merges' tables): a fleet hour's
+            # merges, one at a time (reading), run as fast at 64 MB as at 1 GB,
+            # and at 48 MB as at 64 (which held 30-60 MB more RSS at the start)
             self._db.execute(f"SET memory_limit = '{self._memory_limit}'")
             self._db.execute(f"SET threads = {THREADS}")
             self._db.execute("SET preserve_insertion_order = false")
@@ -143,6 +143,7 @@ class Store:
             "SELECT greatest((SELECT COALESCE(max(written), 0) FROM samples), "
             "(SELECT COALESCE(max(written), 0) FROM seals))"))))
         self._deleted = self.generation
+        self._sized = (time.monotonic(), self._size())
 
     def _note_type(self, type_: str, tid: int, shape: str) -> None:
         self._types[type_] = tid
@@ -164,41 +165,39 @@ class Store:
         Writes that wait for one another go in one transaction (a group
         commit: the one that gets the lock writes every write queued by
         then, waiting briefly for more under load: rows.Queue). A request
-        is still stored whole or not at all; a failure
-        fails every request of its transaction, and each is retried."""
+        is still stored whole or not at all; a failure fails every request
+        of its transaction, and each is retried."""
         mine = Write(profiles, made)
         self._queue.add(mine)
         with self._lock:
-            if not mine.done:
-                batch = self._queue.take()
+            while not mine.done:   # (a write held back is taken again: rows_of)
+                batch, held = self._queue.take(), []
                 try:
-                    self._write(batch)
+                    held = self._write(batch)
                 except BaseException as exc:
                     for w in batch:
                         w.error = exc
                 finally:
                     for w in batch:
-                        w.done = True
+                        w.done = w not in held
+                    self._queue.add(*held)
         if mine.error is not None:
             raise mine.error
         return mine.result
 
-    def _write(self, batch: list[Write]) -> None:
-        """The batch in one transaction. Profile ids already stored are
-        looked up only when the insert meets one (a retry); the lookup took
-        about 1 ms of a 7 ms write, every time."""
+    def _write(self, batch: list[Write]) -> list[Write]:
+        """The batch in one transaction but the writes held for the next
+        (returned: rows_of). Stored profile ids are looked up only when the
+        insert meets one (a retry): 1 ms of a 7 ms write, every time."""
         now = time.time_ns()
-        if self._commit(*rows_of(self.interner, batch, set()), now):
-            return
-        ids = [sp.profile_id for w in batch for sp in w.profiles]
-        try:
-            have = {r[0] for r in self._db.execute(
-                "SELECT profile_id FROM profiles WHERE profile_id IN "
-                "(SELECT unnest(?::VARCHAR[]))", (ids,)).fetchall()}
-        except duckdb.Error as exc:
-            raise storage_error("cannot store", exc) from None
-        if not self._commit(*rows_of(self.interner, batch, have), now):
+        rows, meta, held = rows_of(self.interner, batch, set(), hold=True)
+        if (held and not meta) or self._commit(rows, meta, now):
+            return held
+        batch = [w for w in batch if w not in held]
+        have = stored_ids(self._db, [sp.profile_id for w in batch for sp in w.profiles])
+        if not self._commit(*rows_of(self.interner, batch, have)[:2], now):
             raise StorageError("cannot store: a profile id is stored but not found")
+        return held
 
     def _commit(self, rows: Rows, meta: list[tuple[StoredProfile, str]], now: int) -> bool:
         """Write the rows of a request in one transaction (under the lock).
@@ -385,19 +384,20 @@ class Store:
             return int(one(self._db.execute("SELECT COUNT(*) FROM profiles")))
 
     def size_bytes(self) -> int:
-        """The database's blocks in use and its write-ahead log, in bytes,
-        measured at most every ``SIZE_FRESH_S`` (each write asks, and the
-        measure waits for the lock), and in between the most the writes
-        since can have added."""
+        """The database's blocks in use and its write-ahead log, in bytes:
+        measured at most every ``SIZE_FRESH_S``, when the lock is free (each
+        write asks first, and waited a transaction more for it), else the
+        most the writes since can have added."""
         at, size = self._sized
-        if time.monotonic() - at < SIZE_FRESH_S:
+        if time.monotonic() - at < SIZE_FRESH_S or not self._lock.acquire(blocking=False):
             return size + self._grown
         try:
-            with self._lock:
-                size = self._size()
-                self._sized, self._grown = (time.monotonic(), size), 0
+            size = self._size()
+            self._sized, self._grown = (time.monotonic(), size), 0
         except duckdb.Error:
             return 0
+        finally:
+            self._lock.release()
         return size
 
     def seal(self, now_ns: int) -> bool:
@@ -462,7 +462,7 @@ class Store:
             self._db.execute("CHECKPOINT")
             self.generation += 1
             self._deleted = self.generation
-            self._sized = (-SIZE_FRESH_S, 0)   # measured again at the next ask
+            self._sized, self._grown = (time.monotonic(), self._size()), 0
             self.seen.forget(self._db, cutoff, self.interner, (self.thread_nums, self.series_nums),
                              self._series_labels, self._written)
             self.matches.changed()

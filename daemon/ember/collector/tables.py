@@ -263,6 +263,16 @@ def stack_frames(cur: duckdb.DuckDBPyConnection, ids: npt.NDArray[np.uint64]) ->
     return np.asarray(got["id"], np.uint64), bounds, frames
 
 
+def stored_ids(db: duckdb.DuckDBPyConnection, ids: list[str]) -> set[str]:
+    """Which of the profile ids ``ids`` are stored."""
+    try:
+        return {r[0] for r in db.execute(
+            "SELECT profile_id FROM profiles WHERE profile_id IN "
+            "(SELECT unnest(?::VARCHAR[]))", (ids,)).fetchall()}
+    except duckdb.Error as exc:
+        raise storage_error("cannot store", exc) from None
+
+
 def used_bytes(db: duckdb.DuckDBPyConnection, path: str) -> int:
     """The database's blocks in use and its write-ahead log, in bytes."""
     row = db.execute("PRAGMA database_size").fetchone()
