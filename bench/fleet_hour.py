@@ -26,10 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from ember.collector.api import Api
-from ember.collector.index import Index
-from ember.collector.intern import (
-    MAX_VALUES,
-    Rows,
+from ember.collector.ids import (
     frame_id,
     labels_json,
     series_id,
@@ -38,6 +35,8 @@ from ember.collector.intern import (
     thread_name_id,
     type_id,
 )
+from ember.collector.index import Index
+from ember.collector.intern import MAX_VALUES, Rows
 from ember.collector.store import Store, StoredProfile
 from ember.model import CPU, Frame, FrameKind, Mapping
 

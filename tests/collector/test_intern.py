@@ -9,15 +9,9 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ember.collector.intern import (
-    _ODD,
-    Interner,
-    Rows,
-    _repeats,
-    content_id,
-    frame_id,
-    mapping_fields,
-)
+from ember.collector.ids import content_id, frame_id, mapping_fields
+from ember.collector.intern import _ODD, Interner, Rows, _repeats
+from ember.encode.pprof import FunctionKey, MappingKey
 from ember.model import Frame, FrameKind, Mapping
 
 
@@ -59,6 +53,29 @@ def test_a_frames_id_is_the_content_id_of_its_fields(frame: Frame) -> None:
     # (and a frame crosses to the collector from a decode worker unchanged)
     again = pickle.loads(pickle.dumps(frame))
     assert again == frame and hash(again) == hash(frame) and type(again.kind) is FrameKind
+
+
+MAPPING_KEYS = st.one_of(st.none(), st.just((0xFFFF800000000000, 0xFFFFFFFFFFFFFFFF, 0,
+                                              "[kernel.kallsyms]", "", True)),
+                        st.tuples(st.integers(0, (1 << 64) - 1), st.integers(0, (1 << 64) - 1),
+                                  st.integers(0, (1 << 64) - 1), NAMES, NAMES, st.booleans()))
+
+
+@settings(max_examples=2_000, deadline=None, derandomize=True)
+@given(st.integers(0, (1 << 64) - 1), MAPPING_KEYS, st.integers(-(1 << 63), (1 << 63) - 1),
+       st.one_of(st.none(), st.tuples(NAMES, st.one_of(NAMES, st.just("same")), NAMES)))
+def test_a_location_of_one_line_makes_the_frame_and_id_the_general_path_makes(
+        address: int, mapping: MappingKey | None, line: int, fn: FunctionKey | None) -> None:
+    """``_made_one`` writes the frame and its id at once: they must be what
+    ``location_frames`` and ``frame_id`` make (no function, a name that is
+    empty, a system name equal to it, a kernel, user or no mapping)."""
+    if fn is not None and fn[1] == "same":
+        fn = (fn[0], fn[0], fn[2])
+    fast, general = Rows(), Rows()
+    lines = ((line, fn),)
+    ids = Interner()._made_one(address, mapping, lines, fast)
+    assert ids == Interner()._made(address, mapping, lines, general)
+    assert fast.new_frames == general.new_frames and len(fast.new_frames) == 1
 
 
 def one_row(stack: int, new_stacks: dict[int, tuple[int, ...]],

@@ -13,7 +13,7 @@ import pytest
 
 from ember.collector import leaves, merge, tables
 from ember.collector.api import Api
-from ember.collector.intern import frame_id, stack_id, thread_name_id
+from ember.collector.ids import frame_id, stack_id, thread_name_id
 from ember.collector.matchers import selector
 from ember.collector.store import Store
 from ember.collector.validate import INT64_MAX

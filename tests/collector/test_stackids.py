@@ -1,6 +1,6 @@
 """Stack ids found by key (collector/stackids.py): whatever stacks come,
 in whatever batches, across merges and past the memo's ceiling, each id is
-``intern.stack_id`` of the stack's frames, as if each were hashed alone."""
+``ids.stack_id`` of the stack's frames, as if each were hashed alone."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from ember.collector import stackids
-from ember.collector.intern import stack_id
+from ember.collector.ids import stack_id
 from ember.collector.stackids import StackIds
 
 #: every test with the memos in C, then as sorted arrays

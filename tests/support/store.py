@@ -10,7 +10,7 @@ from pathlib import Path
 import duckdb
 
 from ember.collector.api import Api
-from ember.collector.intern import thread_name_id
+from ember.collector.ids import thread_name_id
 from ember.collector.query import FORMATS
 from ember.collector.store import Store, StoredProfile
 from ember.collector.validate import INT64_MAX

@@ -38,7 +38,8 @@ import duckdb
 import numpy as np
 import numpy.typing as npt
 
-from .intern import Interner, labels_json
+from .ids import labels_json
+from .intern import Interner
 from .numbers import Numbers
 
 log = logging.getLogger(__name__)

@@ -1,6 +1,6 @@
 """The ids of a profile's stacks, a profile at a time.
 
-A stack's id is BLAKE2b over its frame ids (``intern.stack_id``), the same
+A stack's id is BLAKE2b over its frame ids (``ids.stack_id``), the same
 in every store. Hashing each stack of a 1,000-stack profile took 1.9 ms,
 and nearly all of them were hashed before. Here a profile's stacks are
 first given 128-bit keys in bulk, and only stacks whose key has not been
@@ -47,7 +47,7 @@ def _mix(x: U64, k: U64) -> U64:
 
 def stack_digest(frame_ids: bytes | memoryview) -> int:
     """A stack's id from its frame ids as little-endian 64-bit words, root
-    first: the one definition (``intern.stack_id`` and ``blake2b_ids``)."""
+    first: the one definition (``ids.stack_id`` and ``blake2b_ids``)."""
     return int.from_bytes(hashlib.blake2b(frame_ids, digest_size=8,
                                           person=b"ember-stack").digest(), "little")
 

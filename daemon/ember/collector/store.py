@@ -43,7 +43,8 @@ from ..model import ProfileType
 from . import garbage, merge
 from .blocksums import BlockSums
 from .cluster import Clusterer
-from .intern import Interner, Rows, labels_json, series_id, thread_name_id, type_id
+from .ids import labels_json, series_id, thread_name_id, type_id
+from .intern import Interner, Rows
 from .leaves import PERFECT_BITS, Leaves
 from .matchers import Matchers, Matches, selector
 from .numbers import Numbers, numbered_rows
@@ -142,8 +143,7 @@ class Store:
         self.generation = max(self.generation, int(one(db.execute(
             "SELECT greatest((SELECT COALESCE(max(written), 0) FROM samples), "
             "(SELECT COALESCE(max(written), 0) FROM seals))"))))
-        self._deleted = self.generation
-        self._sized = (time.monotonic(), self._size())
+        self._deleted, self._sized = self.generation, (time.monotonic(), self._size())
 
     def _note_type(self, type_: str, tid: int, shape: str) -> None:
         self._types[type_] = tid

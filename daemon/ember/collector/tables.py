@@ -28,7 +28,8 @@ import numpy.typing as npt
 from ..errors import StorageError, StorageFull
 from ..model import Frame, FrameKind, Mapping
 from .cluster import TABLES as CLUSTERED
-from .intern import MAX_VALUES, Interner, Rows, type_id
+from .ids import type_id
+from .intern import MAX_VALUES, Interner, Rows
 from .leaves import upgrade
 from .numbers import upgrade as number_rows_of
 from .rollup import TABLES as ROLLUPS
