@@ -51,6 +51,33 @@ def test_collector_down_then_up(tmp_path: Path) -> None:
         shipper.stop()
 
 
+def test_a_long_outage_ends_within_the_shippers_backoff(tmp_path: Path) -> None:
+    """After 20 s of refused connections gRPC's own reconnect backoff, left
+    at its default, would not try again for several more seconds (up to two
+    minutes after longer outages): the shipper's ceiling bounds it."""
+    port = free_port()
+    spool = Spool(tmp_path / "spool", 1 << 20)
+    shipper = Shipper(spool, Endpoint(f"127.0.0.1:{port}", timeout=1),
+                      AgentMetrics(CollectorRegistry()), max_backoff=0.3, base_backoff=0.05)
+    shipper.start()
+    try:
+        spool.put(ps.WriteRawRequest(series=[series(100)]).SerializeToString())
+        time.sleep(20)
+        assert spool.stats()[0] == 1
+        c = Collector(CollectorConfig(grpc_listen=f"127.0.0.1:{port}", http_listen="127.0.0.1:0",
+                                      storage=str(tmp_path / "db.sqlite")))
+        c.start()
+        try:
+            up = time.monotonic()
+            assert wait_for(lambda: spool.stats()[0] == 0, timeout=10)
+            # one backoff (0.3 s) and one connection; a default channel waits 3-8 s more
+            assert time.monotonic() - up < 2.5
+        finally:
+            c.close()
+    finally:
+        shipper.stop()
+
+
 def test_lost_acknowledgement_stored_once(tmp_path: Path, monkeypatch: object) -> None:
     """The collector stores the request but the agent sees a failure: the
     re-send carries the same profile ids and is stored once."""

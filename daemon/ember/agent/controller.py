@@ -231,8 +231,7 @@ class Agent:
         self._apply_targets()
         self.labeler.common, self.labeler.rules = common_labels(new), new.relabel
         for name, exporter in self.exporters.items():
-            exporter.shipper.set_endpoint(endpoints[name])
-            exporter.shipper.max_backoff = new.max_backoff
+            exporter.shipper.set_endpoint(endpoints[name], new.max_backoff)
         log.warning("SIGHUP: configuration reloaded")
         sdnotify.notify("READY=1")
 

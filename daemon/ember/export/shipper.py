@@ -194,6 +194,17 @@ PYROSCOPE = Wire("pyroscope", pyroscope.encode_requests, pyroscope.profiles_in, 
 WIRES = {w.name: w for w in (WRITERAW, OTLP, PYROSCOPE)}
 
 
+def reconnect_options(base: float, cap: float) -> list[tuple[str, int]]:
+    """gRPC's own reconnect backoff bounded by the shipper's: left at its
+    default (growing to 120 s) a channel that failed for a minute does not
+    try to connect again for up to two more, whatever the shipper retries,
+    so profiles wait long after the collector is back."""
+    low, high = max(1, int(base * 1000)), max(1, int(cap * 1000))
+    return [("grpc.initial_reconnect_backoff_ms", min(low, high)),
+            ("grpc.min_reconnect_backoff_ms", min(low, high)),
+            ("grpc.max_reconnect_backoff_ms", high)]
+
+
 class Shipper:
     def __init__(self, spool: Spool, endpoint: Endpoint, metrics: AgentMetrics,
                  max_backoff: float = 60.0, base_backoff: float = 0.5, wire: Wire = WRITERAW,
@@ -218,12 +229,17 @@ class Shipper:
         self.last_error = ""
 
     # --- connection ---
-    def set_endpoint(self, endpoint: Endpoint) -> None:
+    def set_endpoint(self, endpoint: Endpoint, max_backoff: float | None = None) -> None:
+        """A new endpoint or backoff ceiling: the next send opens a channel
+        with them (the channel's reconnect backoff is fixed when it opens)."""
         with self._lock:
             if endpoint != self._endpoint:
                 self._close_channel()
                 self._endpoint = endpoint
                 self._failures = 0
+            if max_backoff is not None and max_backoff != self.max_backoff:
+                self._close_channel()
+                self.max_backoff = max_backoff
         self.spool.wake()
 
     def _stub_for(self) -> tuple[Any, Endpoint]:
@@ -231,7 +247,8 @@ class Shipper:
             ep = self._endpoint
             if self._stub is None:
                 options = [("grpc.max_send_message_length", ep.max_message),
-                           ("grpc.max_receive_message_length", ep.max_message)]
+                           ("grpc.max_receive_message_length", ep.max_message),
+                           *reconnect_options(self.base_backoff, self.max_backoff)]
                 if ep.tls_ca is not None:
                     creds = grpc.ssl_channel_credentials(root_certificates=ep.tls_ca)
                     self._channel = grpc.secure_channel(ep.address, creds, options=options)
