@@ -4,6 +4,7 @@ and with one, where a person signs in and the token never shows in a URL."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import time
 from collections.abc import Iterator
@@ -30,6 +31,7 @@ from tests.support.browser import (
 from tests.support.net import free_port
 
 pytestmark = pytest.mark.bpf
+FREQUENCY = 199
 TOKEN = "ui-t0ken-9f3a7c"  # distinctive: searched for in every URL the page requested
 
 
@@ -44,7 +46,7 @@ def _filled(start_workload: Any, tmp_path: Path,
                                   storage=str(tmp_path / "db.sqlite"), token_file=token_file))
     c.start()
     cfg = config.override(AgentConfig(), collector=f"127.0.0.1:{port}", interval=1.0,
-                          frequency=199, metrics_listen="127.0.0.1:0",
+                          frequency=FREQUENCY, metrics_listen="127.0.0.1:0",
                           spool_dir=str(tmp_path / "spool"), token_file=token_file,
                           targets=Targets(pids=(cpu.pid, off.pid)))
     try:
@@ -63,6 +65,16 @@ def _has_data(c: Collector) -> bool:
     cpu_shares and off-CPU profiles of offcpu_waits."""
     return all(c.api.handle("/api/v1/top", {"type": [kind], "match": [f"comm={comm}"]})[0] == 200
                for kind, comm in (("cpu", "cpu_shares"), ("offcpu", "offcpu_waits")))
+
+
+def _samples(c: Collector, *match: str) -> int:
+    """How many on-CPU samples the collector holds (of the matching series):
+    its CPU time over the sampling period."""
+    code, body, _ = c.api.handle("/api/v1/top", {"type": ["cpu"], "match": list(match)})
+    assert code == 200, body
+    reply = json.loads(body)
+    assert reply["unit"] == "ns", reply["unit"]
+    return round(reply["total"] * FREQUENCY / 1e9)
 
 
 @pytest.fixture
@@ -128,7 +140,14 @@ def test_ui_zoom_search_offcpu_and_diff(filled_collector, tmp_path: Path) -> Non
         page.wait_for_function("document.getElementById('matched').dataset.share !== undefined",
                                timeout=DRAWN_MS)
         share = float(page.get_attribute("#matched", "data-share") or -1)
-        assert 70 <= share <= 90, share  # work_a 35% + work_b 50% of the process
+        # truth: work_a 35% + work_b 50% of cpu_shares' samples, which are
+        # most of the on-CPU samples shown (offcpu_waits runs a little); a
+        # share p of n samples has a standard deviation of 100 sqrt(p(1-p)/n)
+        # points: 4 of them allowed
+        n, mine = _samples(collector), _samples(collector, "comm=cpu_shares")
+        truth = 85 * mine / n
+        sigma = 100 * (truth / 100 * (1 - truth / 100) / n) ** 0.5
+        assert abs(share - truth) <= 4 * sigma, (share, truth, n)
         page.screenshot(path=str(tmp_path / "search.png"))
         page.fill("#search", "")
         page.press("#search", "Enter")
