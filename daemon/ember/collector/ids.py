@@ -51,11 +51,21 @@ def frame_id(f: Frame) -> int:
     the encoder ``json.dumps`` uses, the mapping's JSON kept. A profile's
     first read makes a frame for each of its 5,000 locations, and
     ``json.dumps`` took a third of that."""
-    inlined = "true" if f.inlined else "false"
-    return text_id(
-        f'["frame",{json_string(f.name)},{json_string(str(f.kind))},{mapping_json(f.mapping)},'
-        f'{int(f.address)},{json_string(f.system_name)},{json_string(f.file)},{int(f.line)},'
-        f'{inlined}]')
+    return text_id(frame_text(f.name, frame_head(f.kind, f.mapping), int(f.address),
+                              f.system_name, f.file, int(f.line), f.inlined))
+
+
+def frame_head(kind: object, mapping: Mapping | None) -> str:
+    """What a frame's kind and mapping write in its id's text (the same for
+    every frame of a mapping: intern.py keeps it per mapping)."""
+    return f"{json_string(str(kind))},{mapping_json(mapping)}"
+
+
+def frame_text(name: str, head: str, address: int, system: str, file: str, line: int,
+               inlined: bool) -> str:
+    """The text a frame's id is taken of, ``head`` from ``frame_head``."""
+    return (f'["frame",{json_string(name)},{head},{address},{json_string(system)},'
+            f'{json_string(file)},{line},{"true" if inlined else "false"}]')
 
 
 #: A str as JSON, as ``json.dumps(..., ensure_ascii=False)`` writes it.

@@ -34,10 +34,10 @@ from ..proto import profile_pb2 as pb
 from . import decode
 from .ids import (
     ThreadKey,
+    frame_head,
     frame_id,
-    json_string,
+    frame_text,
     labels_json,
-    mapping_json,
     series_id,
     stack_id,
     text_id,
@@ -353,13 +353,11 @@ class Interner:
         got = self._frame_heads.get(mapping)
         if got is None:   # (the mapping, kind and their JSON, as for a frame of it)
             f = location_frames(0, mapping, ())[0]
-            got = self._frame_heads[mapping] = (
-                f.mapping, f.kind, f"{json_string(str(f.kind))},{mapping_json(f.mapping)}")
+            got = self._frame_heads[mapping] = (f.mapping, f.kind, frame_head(f.kind, f.mapping))
         m, kind, head = got
         name, system, file = fn or ("", "", "")
         shown, system = name or f"{address:#x}", (system if system != name else "")
-        fid = text_id(f'["frame",{json_string(shown)},{head},{address},{json_string(system)},'
-                       f'{json_string(file)},{line},false]')
+        fid = text_id(frame_text(shown, head, address, system, file, line, False))
         if fid not in self.frames:
             rows.new_frames[fid] = Frame(shown, kind, m, address, system, file, line)
         return (fid,)

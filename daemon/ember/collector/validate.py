@@ -163,6 +163,11 @@ def _at_most(n: int, limit: int, what: str) -> None:
         raise InvalidRequest(f"{n} {what}, at most {limit}")
 
 
+def _in_strings(i: int, n_str: int, what: str) -> None:
+    if not 0 <= i < n_str:
+        raise InvalidRequest(f"{what}: string index {i} out of range")
+
+
 def _check_head(p: ProfileMessage, limits: Limits) -> None:
     """``check_profile``'s checks of what is not in the three tables: the
     counts, the string table, the value types and the profile's strings."""
@@ -177,17 +182,13 @@ def _check_head(p: ProfileMessage, limits: Limits) -> None:
     if n_str == 0 or st[0] != "":
         raise InvalidRequest("string table must start with the empty string")
 
-    def s(i: int, what: str) -> None:
-        if not 0 <= i < n_str:
-            raise InvalidRequest(f"{what}: string index {i} out of range")
-
     if not p.sample_type:
         raise InvalidRequest("no sample types")
     for vt in [*p.sample_type, p.period_type]:
-        s(vt.type, "value type")
-        s(vt.unit, "value type unit")
+        _in_strings(vt.type, n_str, "value type")
+        _in_strings(vt.unit, n_str, "value type unit")
     for i in (*p.comment, p.drop_frames, p.keep_frames, p.default_sample_type, p.doc_url):
-        s(i, "profile string")
+        _in_strings(i, n_str, "profile string")
     if p.period < 0:
         raise InvalidRequest(f"negative period {p.period}")
 
@@ -205,10 +206,6 @@ def check_profile(p: pb.Profile, n_exec_info: int, limits: Limits = DEFAULT_LIMI
     st = p.string_table
     n_str = len(st)
 
-    def s(i: int, what: str) -> None:
-        if not 0 <= i < n_str:
-            raise InvalidRequest(f"{what}: string index {i} out of range")
-
     if tables is not None:
         fast = _check_tables(p, tables, n_exec_info, limits)
         if fast is not None:
@@ -221,11 +218,11 @@ def check_profile(p: pb.Profile, n_exec_info: int, limits: Limits = DEFAULT_LIMI
             if id_ != pos + 1:
                 raise InvalidRequest(f"{kind} {pos} has id {id_}, expected {pos + 1}")
     for m in p.mapping:
-        s(m.filename, "mapping filename")
-        s(m.build_id, "mapping build id")
+        _in_strings(m.filename, n_str, "mapping filename")
+        _in_strings(m.build_id, n_str, "mapping build id")
     for f in p.function:
         for i in (f.name, f.system_name, f.filename):
-            s(i, "function name")
+            _in_strings(i, n_str, "function name")
     n_map, n_loc, n_fn = len(p.mapping), len(p.location), len(p.function)
     widest = 1  # frames of one location: one per line
     for loc in p.location:
@@ -265,7 +262,7 @@ def check_profile(p: pb.Profile, n_exec_info: int, limits: Limits = DEFAULT_LIMI
                 if key == 0:
                     raise InvalidRequest(f"sample {i}: label key 0")
                 for j in (key, value, lb.num_unit):
-                    s(j, f"sample {i} label")
+                    _in_strings(j, n_str, f"sample {i} label")
             if value and key in numeric:
                 _check_number(st[key], st[value])
     _at_most(entries, limits.max_stack_entries, "stack entries")
