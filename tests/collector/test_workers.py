@@ -67,11 +67,17 @@ def by_the_collector(reqs: list[ps.WriteRawRequest]) -> Store:
     return store
 
 
-def by_a_worker(reqs: list[ps.WriteRawRequest], store: Store | None = None) -> Store:
-    store = store or Store(":memory:")
+def made_by_a_worker(reqs: list[ps.WriteRawRequest]) -> list[list[workers.Prepared]]:
+    out = []
     for r in reqs:
         prepared, _ = workers.prepare(r.SerializeToString(), DEFAULT_LIMITS, time.time_ns())
-        prepared = workers.with_data(prepared, r)
+        out.append(workers.with_data(prepared, r))
+    return out
+
+
+def by_a_worker(reqs: list[ps.WriteRawRequest], store: Store | None = None) -> Store:
+    store = store or Store(":memory:")
+    for prepared in made_by_a_worker(reqs):
         store.write([x.profile for x in prepared], [(x.shape, x.rows) for x in prepared])
     return store
 
@@ -111,14 +117,6 @@ def test_what_a_worker_sent_for_a_failed_write_is_made_again() -> None:
     prepared, _ = workers.prepare(reqs[0].SerializeToString(), DEFAULT_LIMITS, time.time_ns())
     assert not prepared[0].rows.new_stacks, "the worker no longer sends its stacks"
     assert contents(again) == contents(by_the_collector(reqs))
-
-
-def made_by_a_worker(reqs: list[ps.WriteRawRequest]) -> list[list[workers.Prepared]]:
-    out = []
-    for r in reqs:
-        prepared, _ = workers.prepare(r.SerializeToString(), DEFAULT_LIMITS, time.time_ns())
-        out.append(workers.with_data(prepared, r))
-    return out
 
 
 def stored_in_one_batch(made: list[list[workers.Prepared]], order: list[int],
