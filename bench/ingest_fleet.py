@@ -11,7 +11,8 @@ collector that falls behind shows it as acknowledgement latency (measured
 from the scheduled time) and as refusals, not as a slower client.
 
 Reported: acknowledgements (p50, p99, max), requests refused and why, the
-rate achieved, the collector's CPU (cores busy) and peak RSS, per window
+rate achieved, the collector's CPU (cores busy) and peak RSS, the
+machine's speed before and after (``read_ms``), per window
 of --window seconds (acknowledgements by when they were due, the
 collector's RSS as sampled in it) and over the whole run.
 
@@ -24,6 +25,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import random
+import statistics
 import struct
 import subprocess
 import sys
@@ -42,7 +44,8 @@ import grpc
 
 from common import EMBER, cpu_seconds, free_port, metric, render, status_kb
 from ember.agent.labels import ProcessLabels, series_labels
-from ember.collector.validate import decompress
+from ember.collector import workers
+from ember.collector.validate import DEFAULT_LIMITS, decompress
 from ember.encode.writeraw import PROFILE_ID_PREFIX, make_series
 from ember.model import Frame, FrameKind, Mapping, Profile, Sample, cpu_type
 from ember.proto import profile_pb2 as pb
@@ -134,6 +137,25 @@ def total(pids: list[int], what: Callable[[int], float]) -> float:
     return got
 
 
+def read_ms(bases: list[list[tuple[GzipBody, int, ps.ExecutableInfo]]],
+            hosts: list[tuple[int, dict[str, str]]], times: int = 40) -> float:
+    """This machine's speed right now: the median CPU ms of reading one
+    request here as a decode worker does (decompress, check, intern), its
+    program known. A shared host's neighbours slow this and the collector
+    together (one probe's runs: 8 ms of collector CPU a profile in one
+    hour, 13-15 in another), so a run's figures are read beside it."""
+    took = []
+    learn = [(prog, base) for prog in range(len(bases)) for base in range(BASES_PER_PROGRAM)]
+    for k in range(len(learn) + times):   # (every base of every program read once first)
+        prog, base = learn[k] if k < len(learn) else (k % len(bases), k % BASES_PER_PROGRAM)
+        data = request(bases[prog][base], hosts[prog][1], time.time_ns()).SerializeToString()
+        began = time.thread_time()
+        workers.prepare(data, DEFAULT_LIMITS, time.time_ns())
+        if k >= len(learn):
+            took.append(time.thread_time() - began)
+    return statistics.median(took) * 1e3
+
+
 def pct(xs: list[float], q: float) -> float:
     return sorted(xs)[min(len(xs) - 1, int(len(xs) * q))] if xs else float("nan")
 
@@ -163,6 +185,7 @@ def main() -> int:
                                {"host": f"host-{h:04d}"})
         hosts.append((prog, replace(p, labels=labels).labels))
     rate = args.hosts / args.interval
+    speed_before = read_ms(bases, hosts)
     with tempfile.TemporaryDirectory() as tmp:
         path = args.store or Path(tmp) / "store.duckdb"
         port, grpc_port = free_port(), free_port()
@@ -241,6 +264,7 @@ def main() -> int:
             stop.set()
             proc.terminate()
             proc.wait(60)
+        speed_after = read_ms(bases, hosts)
         rows = []
         t = 0.0
         while t < args.seconds:
@@ -268,6 +292,8 @@ def main() -> int:
                    ["collector CPU a profile acknowledged (ms)",
                     f"{cpu / max(len(acks), 1) * 1e3:.1f}"],
                    ["this load's own CPU (cores busy)", f"{own / elapsed:.2f}"],
+                   ["one profile read here, before / after (CPU ms: the machine's speed)",
+                    f"{speed_before:.1f} / {speed_after:.1f}"],
                    ["collector peak RSS (MB)", f"{peak / 1024:.0f}"],
                    ["peak RSS with its workers (MB)", f"{peak_all / 1024:.0f}"],
                    ["blocks rolled up / rows grouped by series meanwhile",
