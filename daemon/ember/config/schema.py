@@ -201,7 +201,8 @@ class AgentConfig:
     send_timeout: float = field(default=10.0, metadata=opt(
         "Deadline of one WriteRaw call.", "duration", 0.1, 600, reloadable=True))
     max_backoff: float = field(default=60.0, metadata=opt(
-        "Upper bound of the exponential backoff between re-sends.", "duration", 0.1, 3600,
+        "Upper bound of the exponential backoff between re-sends, and of gRPC's wait "
+        "before it reconnects to a collector that refused connections.", "duration", 0.1, 3600,
         reloadable=True))
     token_file: str = field(default="", metadata=opt(
         "File holding a bearer token sent to the collector (empty: none).", "path",
