@@ -78,6 +78,20 @@ def test_a_long_outage_ends_within_the_shippers_backoff(tmp_path: Path) -> None:
         shipper.stop()
 
 
+def test_a_new_ceiling_opens_a_new_channel(tmp_path: Path) -> None:
+    """A reload's max_backoff reaches gRPC's reconnect backoff, which a
+    channel fixes when it opens: the next send opens another."""
+    ep = Endpoint(f"127.0.0.1:{free_port()}", timeout=1)
+    shipper = Shipper(Spool(tmp_path / "spool", 1 << 20), ep, AgentMetrics(CollectorRegistry()),
+                      max_backoff=60)
+    first = shipper._stub_for()[0]
+    shipper.set_endpoint(ep, 60)
+    assert shipper._stub_for()[0] is first
+    shipper.set_endpoint(ep, 5)
+    assert shipper.max_backoff == 5 and shipper._stub_for()[0] is not first
+    shipper._close_channel()
+
+
 def test_lost_acknowledgement_stored_once(tmp_path: Path, monkeypatch: object) -> None:
     """The collector stores the request but the agent sees a failure: the
     re-send carries the same profile ids and is stored once."""
