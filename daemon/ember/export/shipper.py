@@ -198,10 +198,11 @@ def reconnect_options(base: float, cap: float) -> list[tuple[str, int]]:
     """gRPC's own reconnect backoff bounded by the shipper's: left at its
     default (growing to 120 s) a channel that failed for a minute does not
     try to connect again for up to two more, whatever the shipper retries,
-    so profiles wait long after the collector is back."""
+    so profiles wait long after the collector is back. (Not its minimum:
+    gRPC takes that as the shortest connect timeout too, 20 s by default,
+    which a TLS handshake over a long link needs.)"""
     low, high = max(1, int(base * 1000)), max(1, int(cap * 1000))
     return [("grpc.initial_reconnect_backoff_ms", min(low, high)),
-            ("grpc.min_reconnect_backoff_ms", min(low, high)),
             ("grpc.max_reconnect_backoff_ms", high)]
 
 
