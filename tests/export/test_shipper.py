@@ -21,7 +21,7 @@ from ember.export.spool import Spool
 from ember.metrics import AgentMetrics
 from ember.proto import profile_pb2 as pb
 from ember.proto import profilestore_pb2 as ps
-from tests.support.collector import series
+from tests.support.collector import collector_at, series
 from tests.support.net import free_port
 from tests.support.waits import wait_for
 
@@ -39,9 +39,7 @@ def test_collector_down_then_up(tmp_path: Path) -> None:
         time.sleep(1)
         assert spool.stats()[0] == 5  # nobody to send to: all kept
         assert metrics.send_failures.labels("unavailable")._value.get() > 0
-        c = Collector(CollectorConfig(grpc_listen=f"127.0.0.1:{port}", http_listen="127.0.0.1:0",
-                                      storage=str(tmp_path / "db.sqlite")))
-        c.start()
+        c = collector_at(tmp_path, port)
         try:
             assert wait_for(lambda: spool.stats()[0] == 0)
             assert c.store.count() == 5 and shipper.sent == 5
@@ -64,9 +62,7 @@ def test_a_long_outage_ends_within_the_shippers_backoff(tmp_path: Path) -> None:
         spool.put(ps.WriteRawRequest(series=[series(100)]).SerializeToString())
         time.sleep(20)
         assert spool.stats()[0] == 1
-        c = Collector(CollectorConfig(grpc_listen=f"127.0.0.1:{port}", http_listen="127.0.0.1:0",
-                                      storage=str(tmp_path / "db.sqlite")))
-        c.start()
+        c = collector_at(tmp_path, port)
         try:
             up = time.monotonic()
             assert wait_for(lambda: spool.stats()[0] == 0, timeout=10)
