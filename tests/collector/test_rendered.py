@@ -15,7 +15,12 @@ T0 = (time.time_ns() // S - 600) * S
 
 
 def ask(api: Api, path: str, **params: str) -> bytes:
-    q = {"since": ["1h"], **{k: [v] for k, v in params.items()}}
+    """The answer for the hour around the fleet's writes, a fixed range: a
+    "since" is resolved to 10 s steps, and two asks on either side of a
+    step are two ranges (a loaded CI machine's first tree took long enough
+    to cross one, and the same question was made again)."""
+    q = {"from": [str(T0 - 1800 * S)], "to": [str(T0 + 1800 * S)],
+         **{k: [v] for k, v in params.items()}}
     if path == "/api/v1/sandwich":
         q["name"] = ["fn3"]
     code, body, _ = api.handle(path, q)
