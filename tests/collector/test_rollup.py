@@ -341,12 +341,53 @@ def test_the_seal_loop_rests_after_each_move_of_rows(monkeypatch: pytest.MonkeyP
 
         def inc(self, by: int = 1) -> None:
             self.n += by
-    loop = SimpleNamespace(store=Moving(), _stop=stop,
+    warmed = threading.Event()
+    warmed.set()
+    loop = SimpleNamespace(store=Moving(), _stop=stop, warmed=warmed,
                            metrics=SimpleNamespace(sealed=Counter(), clustered=Counter()))
     Collector._seal_loop(loop)  # type: ignore[arg-type]
     gaps = [b - a for a, b in itertools.pairwise(began)]
     assert len(gaps) == 3 and min(gaps) >= 0.05 * (1 + server.CLUSTER_REST), gaps
     assert loop.metrics.clustered.n == 4 * 7
+
+
+def test_the_seal_loop_waits_for_the_query_index(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nothing is rolled up or moved while the start builds the query index
+    (the two's working sets together were the start's peak RSS); once it
+    is built, the loop goes on; stopped before, it ends without a seal."""
+    monkeypatch.setattr(server, "SEAL_PAUSE_S", 0.001)
+    sealed: list[float] = []
+
+    class Sealing:
+        def seal(self, now_ns: int) -> bool:
+            sealed.append(time.monotonic())
+            return False
+
+        def cluster(self) -> int | None:
+            return None
+
+    def loop_of(warmed: threading.Event, stop: threading.Event) -> threading.Thread:
+        loop = SimpleNamespace(store=Sealing(), _stop=stop, warmed=warmed, metrics=None)
+        t = threading.Thread(target=Collector._seal_loop, args=(loop,))
+        t.start()
+        return t
+
+    warmed, stop = threading.Event(), threading.Event()
+    t = loop_of(warmed, stop)
+    time.sleep(0.2)
+    assert sealed == [] and t.is_alive()
+    built = time.monotonic()
+    warmed.set()
+    deadline = time.monotonic() + 30
+    while not sealed and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert sealed and sealed[0] >= built
+    stop.set()
+    t.join(30)
+    sealed.clear()
+    t = loop_of(threading.Event(), stop)   # stopped while the index is built
+    t.join(30)
+    assert not t.is_alive() and sealed == []
 
 
 def test_a_store_of_schema_5_keeps_its_seals_as_five_minute_blocks(

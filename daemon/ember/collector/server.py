@@ -346,7 +346,12 @@ class Collector:
         between (each holds the store's lock: writes wait), then group the
         sealed blocks' rows by series (store.cluster, beside the writes) a
         move at a time, resting ``CLUSTER_REST`` times as long after each;
-        look again every SEAL_EVERY_S once nothing is left to do."""
+        look again every SEAL_EVERY_S once nothing is left to do. Not
+        before the query index is built: the two's working sets together
+        made the start's peak RSS."""
+        while not self.warmed.wait(SEAL_PAUSE_S):
+            if self._stop.is_set():
+                return
         rest = SEAL_PAUSE_S
         while not self._stop.wait(rest):
             rest = SEAL_PAUSE_S
