@@ -71,6 +71,34 @@ def test_a_loaded_index_answers_as_one_built_from_the_rows(store: Store, tmp_pat
     store.close()
 
 
+def test_the_file_is_the_format_s_npz_as_numpy_writes_it(store: Store, tmp_path: Path) -> None:
+    """Written array by array, the file is what np.savez makes of the
+    format's arrays (its types, its values): one written by np.savez, as
+    before, loads into an index that answers the same."""
+    api = Api(store)
+    api.index.warm()
+    path = tmp_path / "index.npz"
+    index_file.save(api.index, path)
+    ix = api.index
+    want = {"parent": (ix.parent, np.int64), "name": (ix.name, np.int64),
+            "depth": (ix.depth, np.int64), "recursive": (ix.recursive, np.int8),
+            "keys": (ix._keys, np.uint64), "leaves": (ix._leaves, np.int64)}
+    with np.load(path, allow_pickle=False) as z:
+        got = {k: z[k] for k in z.files}
+    assert set(got) == {"format", "parent", "name", "depth", "recursive", "names", "kinds",
+                        "keys", "leaves", "fids", "fnames"}
+    for k, (array, dtype) in want.items():
+        assert got[k].dtype == dtype, k
+        assert (got[k] == array).all(), k
+    assert got["format"].tolist() == [index_file.FORMAT]
+    older = tmp_path / "older.npz"
+    np.savez(older, **got)  # type: ignore[arg-type]
+    again = Api(store)
+    assert index_file.load(again.index, older) == len(ix)
+    assert answers(again) == answers(api)
+    store.close()
+
+
 def test_an_index_loads_only_into_an_empty_one(store: Store, tmp_path: Path) -> None:
     a = Api(store)
     a.index.warm()

@@ -40,24 +40,31 @@ def path_for(storage: str) -> Path | None:
 
 
 def save(index: Index, path: Path) -> int:
-    """Write the index; returns its nodes."""
+    """Write the index; returns its nodes. Its arrays are taken as they
+    are (an index replaces them as it grows, never writes them in place)
+    and each is widened to the file's type only as it is written: copied
+    all at once, as a fleet hour's were, they held 45 MB more for the
+    moment of a save, the collector's peak RSS as it stopped (464 MB)."""
     with index._lock:
         fids = np.fromiter(index._frame_names.keys(), np.uint64, len(index._frame_names))
         fnames = np.fromiter(index._frame_names.values(), np.int64, len(index._frame_names))
-        arrays: dict[str, npt.NDArray[Any]] = {
-            "format": np.array([FORMAT], np.int64),
-            "parent": np.array(index.parent, np.int64), "name": np.array(index.name, np.int64),
-            "depth": np.array(index.depth, np.int64),
-            "recursive": np.array(index.recursive, np.int8),
-            "names": np.frombuffer(json.dumps(index.names).encode(), np.uint8),
-            "kinds": np.frombuffer(json.dumps(index.kinds).encode(), np.uint8),
-            "keys": index._keys.copy(), "leaves": index._leaves.astype(np.int64),
-            "fids": fids, "fnames": fnames}
+        arrays: dict[str, tuple[npt.NDArray[Any], type[np.generic]]] = {
+            "format": (np.array([FORMAT]), np.int64),
+            "parent": (index.parent, np.int64), "name": (index.name, np.int64),
+            "depth": (index.depth, np.int64), "recursive": (index.recursive, np.int8),
+            "names": (np.frombuffer(json.dumps(index.names).encode(), np.uint8), np.uint8),
+            "kinds": (np.frombuffer(json.dumps(index.kinds).encode(), np.uint8), np.uint8),
+            "keys": (index._keys, np.uint64), "leaves": (index._leaves, np.int64),
+            "fids": (fids, np.uint64), "fnames": (fnames, np.int64)}
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        np.savez(f, **arrays)  # type: ignore[arg-type]  # (the stub: allow_pickle among kwds)
+    # (as np.savez writes them: one .npy member each, stored, not compressed)
+    with zipfile.ZipFile(tmp, "w", zipfile.ZIP_STORED, allowZip64=True) as z:
+        for name, (array, dtype) in arrays.items():
+            with z.open(name + ".npy", "w", force_zip64=True) as f:
+                np.lib.format.write_array(f, array.astype(dtype, copy=False),
+                                          allow_pickle=False)
     os.replace(tmp, path)
-    return len(arrays["parent"])
+    return len(arrays["parent"][0])
 
 
 def load(index: Index, path: Path) -> int:
