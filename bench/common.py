@@ -82,6 +82,17 @@ def status_kb(pid: int, key: str) -> int:
     return 0
 
 
+def pss_kb(pid: int) -> int:
+    """A process's proportional set size in kB (/proc/PID/smaps_rollup):
+    its RSS with each page shared with other processes (libraries, a
+    forkserver's children's inherited pages) divided among them, so the
+    sum over a family of processes counts each page once."""
+    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+        if line.startswith("Pss:"):
+            return int(line.split()[1])
+    return 0
+
+
 def fdinfo(pid: int) -> list[dict[str, str]]:
     """The fdinfo fields of every open fd of a process (BPF maps and programs
     show map_type / prog_type, memlock, run_time_ns, run_cnt)."""

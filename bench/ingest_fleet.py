@@ -11,7 +11,8 @@ collector that falls behind shows it as acknowledgement latency (measured
 from the scheduled time) and as refusals, not as a slower client.
 
 Reported: acknowledgements (p50, p99, max), requests refused and why, the
-rate achieved, the collector's CPU (cores busy) and peak RSS, the
+rate achieved, the collector's CPU (cores busy) and peak RSS (with its
+decode workers: summed, and as PSS, each shared page counted once), the
 machine's speed before and after (``read_ms``), per window
 of --window seconds (acknowledgements by when they were due, the
 collector's RSS as sampled in it) and over the whole run.
@@ -42,7 +43,7 @@ from typing import NamedTuple
 
 import grpc
 
-from common import EMBER, cpu_seconds, free_port, metric, render, status_kb
+from common import EMBER, cpu_seconds, free_port, metric, pss_kb, render, status_kb
 from ember.agent.labels import ProcessLabels, series_labels
 from ember.collector import workers
 from ember.collector.validate import DEFAULT_LIMITS, decompress
@@ -207,19 +208,20 @@ def main() -> int:
         refused: Counter[str] = Counter()
         sent = 0
         pending = threading.Semaphore(0)
-        peak = peak_all = 0
+        peak = peak_all = peak_pss = 0
         stop = threading.Event()
 
         rss: list[tuple[float, int]] = []  # (when, the collector's RSS in kB)
 
         def watch() -> None:
-            nonlocal peak, peak_all
+            nonlocal peak, peak_all, peak_pss
             while not stop.wait(0.2):
                 main = status_kb(proc.pid, "VmRSS")
                 rss.append((time.monotonic(), main))
                 peak = max(peak, main)
-                peak_all = max(peak_all, int(total(family(proc.pid),
-                                                   lambda p: status_kb(p, "VmRSS"))))
+                pids = family(proc.pid)
+                peak_all = max(peak_all, int(total(pids, lambda p: status_kb(p, "VmRSS"))))
+                peak_pss = max(peak_pss, int(total(pids, pss_kb)))
         threading.Thread(target=watch, daemon=True).start()
 
         def done(fut: grpc.Future, due: float) -> None:
@@ -296,6 +298,7 @@ def main() -> int:
                     f"{speed_before:.1f} / {speed_after:.1f}"],
                    ["collector peak RSS (MB)", f"{peak / 1024:.0f}"],
                    ["peak RSS with its workers (MB)", f"{peak_all / 1024:.0f}"],
+                   ["... as PSS, each shared page once (MB)", f"{peak_pss / 1024:.0f}"],
                    ["blocks rolled up / rows grouped by series meanwhile",
                     f"{sealed} / {grouped:,}"]])]
     print("\n".join(out))
