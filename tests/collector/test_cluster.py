@@ -117,17 +117,21 @@ def test_rows_move_once_in_series_order_and_no_answer_changes(
     assert answers(a) == answers(b)
 
 
-def settings(cur: Any) -> tuple[str, str]:
-    return cur.execute("SELECT current_setting('threads'), "
-                       "current_setting('memory_limit')").fetchall()[0]
+def settings(cur: Any) -> tuple[str, str, str | None]:
+    return cur.execute("SELECT current_setting('threads'), current_setting('memory_limit'), "
+                       "current_setting('operator_memory_limit')").fetchall()[0]
 
 
-def as_duckdb_says(threads: int, memory: str) -> tuple[str, str]:
-    """The settings as DuckDB shows them once set."""
+def as_duckdb_says(threads: int, memory: str, sorts: str | None = None
+                   ) -> tuple[str, str, str | None]:
+    """The settings as DuckDB shows them once set (``sorts``: the
+    connection's operator memory, else DuckDB's default)."""
     import duckdb
     with duckdb.connect() as db:
         db.execute(f"SET threads = {threads}")
         db.execute(f"SET memory_limit = '{memory}'")
+        if sorts is not None:
+            db.execute(f"SET operator_memory_limit = '{sorts}'")
         return settings(db)
 
 
@@ -151,7 +155,8 @@ def test_a_block_moves_whole_on_one_thread_and_the_store_gets_its_settings_back(
     while (n := a.cluster()) is not None:
         moved.append(n)
     assert sorted(moved) == sorted(per_block[k] for k in blocks)   # one move a block
-    assert during == [as_duckdb_says(cluster.MOVE_THREADS, cluster.MOVE_MEMORY)] * len(blocks)
+    assert during == [as_duckdb_says(cluster.MOVE_THREADS, cluster.MOVE_MEMORY,
+                                     cluster.MOVE_SORT_MEMORY)] * len(blocks)
     with a.cursor() as cur:
         assert settings(cur) == as_duckdb_says(THREADS, "48MB")
     a.close()

@@ -55,16 +55,19 @@ _WHERE = "type = ? AND time_ns >= ? AND time_ns < ?"
 CHUNK_ROWS = 1 << 21
 #: DuckDB's threads and memory while a move runs (the store's own after):
 #: one thread leaves the other core to the writes (beside 30 profiles a
-#: second, the acknowledgements' p99 went from 390-840 ms to 270-340). A
-#: move's copy and sort of 2M rows take about 140 MB; past the limit DuckDB
-#: writes them to its temporary files. With 160 MB they stayed in memory
-#: and each move added that much to the collector's RSS, which with 8
-#: clients asking took it to 498 MB; with 64 MB a move holds 72 MB (at
-#: most 425 with the clients) and takes a fifth longer (1.36 s for 1.14).
-#: Beside a fleet's writes (1,000 hosts, decode workers) no write was
-#: refused either way. (Moved under the store's own 64 MB, on both its
-#: threads, a block had left a write's commit no buffer to pin.)
-MOVE_THREADS, MOVE_MEMORY = 1, "64MB"
+#: second, the acknowledgements' p99 went from 390-840 ms to 270-340).
+#: DuckDB fills its memory up to the limit (what a move copies and sorts of
+#: 2M rows: about 140 MB), so the limit is what a move adds to the
+#: collector's RSS, and it must leave the writes' commits room to pin their
+#: blocks: under the store's 64 MB, or 64 MB for the move, a fleet's
+#: commits beside it failed to (8 and 28 refused in two runs of
+#: bench/ingest_fleet.py --hosts 1000 --decode-workers 2). So the move's
+#: sorts and copies get MOVE_SORT_MEMORY of the connection's (past it
+#: DuckDB writes them to its temporary files) and the writes the rest of
+#: MOVE_MEMORY. With 160 MB and no such bound, a move added 165 MB (498 MB
+#: with 8 clients asking); this adds about 100, and a move takes 1.35 s
+#: for 1.11.
+MOVE_THREADS, MOVE_MEMORY, MOVE_SORT_MEMORY = 1, "96MB", "48MB"
 
 
 def next_block(cur: duckdb.DuckDBPyConnection) -> tuple[int, int] | None:
@@ -133,16 +136,19 @@ class Clusterer:
 
     @contextlib.contextmanager
     def _moving(self, cur: duckdb.DuckDBPyConnection) -> Iterator[None]:
-        """Under MOVE_THREADS and MOVE_MEMORY, and checkpointed after: the
-        moved rows leave DuckDB's log now, not in a write's commit (DuckDB
+        """Under MOVE_THREADS, MOVE_MEMORY and MOVE_SORT_MEMORY, and
+        checkpointed after: the moved rows leave DuckDB's log now, not in a
+        write's commit (DuckDB
         checkpoints when a commit finds its log past 16 MB)."""
         cur.execute(f"SET threads = {MOVE_THREADS}")
         cur.execute(f"SET memory_limit = '{MOVE_MEMORY}'")
+        cur.execute(f"SET operator_memory_limit = '{MOVE_SORT_MEMORY}'")   # (this connection's)
         try:
             yield
             with contextlib.suppress(duckdb.Error):   # (a write under way: DuckDB's turn)
                 cur.execute("CHECKPOINT")
         finally:
+            cur.execute("RESET operator_memory_limit")
             cur.execute(f"SET threads = {self._threads}")
             cur.execute(f"SET memory_limit = '{self._memory_limit}'")
 
