@@ -58,15 +58,15 @@ CHUNK_ROWS = 1 << 21
 #: second, the acknowledgements' p99 went from 390-840 ms to 270-340).
 #: DuckDB fills its memory up to the limit (what a move copies and sorts of
 #: 2M rows: about 140 MB), so the limit is what a move adds to the
-#: collector's RSS, and it must leave the writes' commits room to pin their
-#: blocks: under the store's 64 MB, or 64 MB for the move, a fleet's
-#: commits beside it failed to (8 and 28 refused in two runs of
-#: bench/ingest_fleet.py --hosts 1000 --decode-workers 2). So the move's
-#: sorts and copies get MOVE_SORT_MEMORY of the connection's (past it
-#: DuckDB writes them to its temporary files) and the writes the rest of
-#: MOVE_MEMORY. With 160 MB and no such bound, a move added 165 MB (498 MB
-#: with 8 clients asking); this adds about 100, and a move takes 1.35 s
-#: for 1.11.
+#: collector's RSS, and it must leave the writes' commits room to pin
+#: their blocks: under the store's own limit (64 MB then), or 64 MB for
+#: the move, a fleet's commits beside it failed to (8 and 28 refused in
+#: two runs of bench/ingest_fleet.py --hosts 1000 --decode-workers 2). So
+#: the move's sorts and copies get MOVE_SORT_MEMORY of the connection's
+#: (past it DuckDB writes them to its temporary files) and the writes the
+#: rest of MOVE_MEMORY. With 160 MB and no such bound, a move added 165 MB
+#: (498 MB with 8 clients asking); this adds about 100, and a move takes
+#: 1.35 s for 1.11.
 MOVE_THREADS, MOVE_MEMORY, MOVE_SORT_MEMORY = 1, "96MB", "48MB"
 
 
@@ -138,8 +138,8 @@ class Clusterer:
     def _moving(self, cur: duckdb.DuckDBPyConnection) -> Iterator[None]:
         """Under MOVE_THREADS, MOVE_MEMORY and MOVE_SORT_MEMORY, and
         checkpointed after: the moved rows leave DuckDB's log now, not in a
-        write's commit (DuckDB
-        checkpoints when a commit finds its log past 16 MB)."""
+        write's commit (DuckDB checkpoints when a commit finds its log past
+        16 MB)."""
         cur.execute(f"SET threads = {MOVE_THREADS}")
         cur.execute(f"SET memory_limit = '{MOVE_MEMORY}'")
         cur.execute(f"SET operator_memory_limit = '{MOVE_SORT_MEMORY}'")   # (this connection's)
