@@ -26,7 +26,7 @@ from ember.proto import profilestore_pb2 as ps
 from tests.support.agent import agent_cfg, running_agent
 from tests.support.collector import collector_at
 from tests.support.net import free_port
-from tests.support.record import inclusive
+from tests.support.record import cpu_ns, inclusive
 
 pytestmark = pytest.mark.bpf
 
@@ -75,23 +75,39 @@ def test_collector_down_30s_every_sample_stored_once(start_workload, tmp_path: P
     w = start_workload("cpu_shares", seconds=120)
     port = free_port()
     c = collector_at(tmp_path, port)
-    with running_agent(agent_cfg(tmp_path, port, w.pid, offcpu=False, runqlat=False)) as agent:
+    cfg = agent_cfg(tmp_path, port, w.pid, offcpu=False, runqlat=False)
+    outer = cpu_ns(w.pid)
+    with running_agent(cfg) as agent:
+        inner = cpu_ns(w.pid)  # attached from here ...
         time.sleep(3)
         c.close()
+        away = cpu_ns(w.pid)
         time.sleep(30)
+        away = cpu_ns(w.pid) - away
         assert agent.spool.stats()[0] >= 20  # spooled while the collector was away
         c = collector_at(tmp_path, port)
         deadline = time.monotonic() + 60
         while agent.spool.stats()[0] and time.monotonic() < deadline:
             time.sleep(0.5)
         time.sleep(1)
+        inner = cpu_ns(w.pid) - inner  # ... to here
+    outer = cpu_ns(w.pid) - outer
     try:
         assert agent.spool.stats()[0] == 0
         drained = agent.metrics.samples.labels("cpu")._value.get()
         rows = list(c.store.query(0, time.time_ns() + 10**9, {}, None))
         stored = sum(r.samples for r in rows)
-        assert stored == drained > 30 * 400
+        assert stored == drained
         assert len(rows) == agent.metrics.profiles_built.labels("cpu")._value.get()
+        # One sample per 1/frequency s of CPU the workload received (the
+        # scheduler's count, whatever else the machine runs): the agent was
+        # attached for at least the inner window and at most the outer one.
+        # Slack: sqrt-of-count noise and a few periods at either end.
+        hz = cfg.frequency
+        assert away * hz / 1e9 > 0.2 * 30 * hz, "the workload hardly ran while away"
+        low, high = inner * hz / 1e9, outer * hz / 1e9
+        assert low - 4 * low ** 0.5 - 0.02 * hz <= drained <= high + 4 * high ** 0.5 + 0.02 * hz, \
+            (drained, low, high)
     finally:
         c.close()
 
