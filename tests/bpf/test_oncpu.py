@@ -13,7 +13,7 @@ import pytest
 
 from ember.model import FrameKind, Profile
 from ember.record import Recorder, RecordOptions
-from tests.support.record import inclusive, record, record_window, where
+from tests.support.record import expected_samples, inclusive, record, record_window, where
 
 pytestmark = pytest.mark.bpf
 
@@ -29,13 +29,12 @@ def test_function_shares_within_sampling_error(start_workload) -> None:  # type:
     mine = where(profile, lambda s: s.pid == w.pid)
     assert len(mine) == len(profile.samples), "the PID filter let other processes through"
     total = sum(s.values[0] for s in mine)
-    # One sample per 1/FREQ s of CPU the thread received (the scheduler's
-    # count, whatever else the machine runs). The slack: sqrt-of-count noise,
-    # and the few milliseconds between the window's end and the detach.
+    # One sample per 1/FREQ s of CPU the thread received, give or take the
+    # few milliseconds between the window's end and the detach.
     expected = cpu * FREQ / 1e9
     assert expected > 0.2 * DURATION * FREQ, "the workload hardly ran"
-    slack = 4 * expected ** 0.5 + 0.02 * FREQ
-    assert expected - slack <= total <= expected + slack, (total, expected)
+    low, high = expected_samples(cpu, cpu, FREQ)
+    assert low <= total <= high, (total, expected)
     # Shares: a share p of n independent samples has a standard deviation of
     # 100 * sqrt(p (1 - p) / n) points; allowed: 4 of them (about 2.5 points
     # at the ~6000 samples of a quiet machine, more when it is busy).

@@ -133,6 +133,16 @@ def cpu_ns(pid: int) -> int:
     return sched([pid]).cpu
 
 
+def expected_samples(low_ns: int, high_ns: int, hz: int) -> tuple[float, float]:
+    """The on-CPU sample count to expect of a sampler attached for at least
+    a window in which the workload got ``low_ns`` of CPU and at most one in
+    which it got ``high_ns``: one sample per 1/hz s of CPU (the scheduler's
+    count, whatever else the machine runs), with slack for sqrt-of-count
+    noise and a few periods at either end."""
+    low, high = low_ns * hz / 1e9, high_ns * hz / 1e9
+    return low - 4 * low ** 0.5 - 0.02 * hz, high + 4 * high ** 0.5 + 0.02 * hz
+
+
 def record_window(options: RecordOptions, pids: Iterable[int], seconds: float,
                   thread: str | None = None) -> tuple[Profile, Recorder, Sched]:
     """Record for ``seconds`` from the moment the programs are attached; also
