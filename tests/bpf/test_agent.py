@@ -33,7 +33,6 @@ pytestmark = pytest.mark.bpf
 OUTAGE_S = 30  # how long the collector-down test keeps the collector away
 
 
-
 def stored_samples(c: Collector, type_: str) -> list[tuple[str, dict[str, str], object]]:
     out = []
     for row in c.store.query(0, time.time_ns() + 10**9, {}, type_):

@@ -13,7 +13,14 @@ import pytest
 
 from ember.model import FrameKind, Profile
 from ember.record import Recorder, RecordOptions
-from tests.support.record import expected_samples, inclusive, record, record_window, where
+from tests.support.record import (
+    expected_samples,
+    inclusive,
+    record,
+    record_window,
+    share_tolerance,
+    where,
+)
 
 pytestmark = pytest.mark.bpf
 
@@ -35,13 +42,11 @@ def test_function_shares_within_sampling_error(start_workload) -> None:  # type:
     assert expected > 0.2 * DURATION * FREQ, "the workload hardly ran"
     low, high = expected_samples(cpu, cpu, FREQ)
     assert low <= total <= high, (total, expected)
-    # Shares: a share p of n independent samples has a standard deviation of
-    # 100 * sqrt(p (1 - p) / n) points; allowed: 4 of them (about 2.5 points
-    # at the ~6000 samples of a quiet machine, more when it is busy).
+    # Shares: four standard errors allowed (about 2.5 points at the ~6000
+    # samples of a quiet machine, more when it is busy).
     shares = inclusive(mine, ["work_a", "work_b", "work_c", "spin", "main"], 0)
     for fn, truth in (("work_a", 35), ("work_b", 50), ("work_c", 15)):
-        sigma = 100 * (truth / 100 * (1 - truth / 100) / total) ** 0.5
-        assert abs(shares[fn] - truth) <= 4 * sigma, (fn, shares, total)
+        assert abs(shares[fn] - truth) <= share_tolerance(truth, total), (fn, shares, total)
     assert shares["main"] >= 99 and shares["spin"] >= 98, shares
     # cpu/nanoseconds = samples x period
     assert all(s.values[1] == s.values[0] * profile.type.period for s in mine)

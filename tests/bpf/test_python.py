@@ -9,7 +9,6 @@ a ctypes call must keep its native frames between the Python ones."""
 from __future__ import annotations
 
 import json
-import math
 import re
 import subprocess
 import threading
@@ -27,7 +26,7 @@ from ember.record import RecordOptions
 from ember.runtimes.pycode import PYTHON_MAPPING
 from tests.support import ROOT
 from tests.support.pythons import DEBIAN_311, pyenv_python
-from tests.support.record import record
+from tests.support.record import record, share_tolerance
 
 pytestmark = pytest.mark.bpf
 
@@ -133,7 +132,7 @@ def stage_share(samples: list[Sample]) -> tuple[float, int]:
 
 def tolerance(p: float, n: int, floor: float) -> float:
     """floor points, or four standard errors of a share p% of n samples."""
-    return max(floor, 4 * 100 * math.sqrt(p / 100 * (1 - p / 100) / n))
+    return max(floor, share_tolerance(p, n))
 
 
 def on_cpu(p: Pipeline, seconds: float = 6) -> tuple[Profile, float, dict[str, int], object]:

@@ -29,6 +29,7 @@ from tests.support.browser import (
     wait_frame,
 )
 from tests.support.net import free_port
+from tests.support.record import share_tolerance
 
 pytestmark = pytest.mark.bpf
 FREQUENCY = 199
@@ -141,13 +142,10 @@ def test_ui_zoom_search_offcpu_and_diff(filled_collector, tmp_path: Path) -> Non
                                timeout=DRAWN_MS)
         share = float(page.get_attribute("#matched", "data-share") or -1)
         # truth: work_a 35% + work_b 50% of cpu_shares' samples, which are
-        # most of the on-CPU samples shown (offcpu_waits runs a little); a
-        # share p of n samples has a standard deviation of 100 sqrt(p(1-p)/n)
-        # points: 4 of them allowed
+        # most of the on-CPU samples shown (offcpu_waits runs a little)
         n, mine = _samples(collector), _samples(collector, "comm=cpu_shares")
         truth = 85 * mine / n
-        sigma = 100 * (truth / 100 * (1 - truth / 100) / n) ** 0.5
-        assert abs(share - truth) <= 4 * sigma, (share, truth, n)
+        assert abs(share - truth) <= share_tolerance(truth, n), (share, truth, n)
         page.screenshot(path=str(tmp_path / "search.png"))
         page.fill("#search", "")
         page.press("#search", "Enter")

@@ -143,6 +143,12 @@ def expected_samples(low_ns: int, high_ns: int, hz: int) -> tuple[float, float]:
     return low - 4 * low ** 0.5 - 0.02 * hz, high + 4 * high ** 0.5 + 0.02 * hz
 
 
+def share_tolerance(p: float, n: int) -> float:
+    """Four standard errors, in points, of a share of ``p`` percent measured
+    from ``n`` independent samples: 100 * sqrt(p (1 - p) / n) each."""
+    return 4 * 100 * (p / 100 * (1 - p / 100) / n) ** 0.5
+
+
 def record_window(options: RecordOptions, pids: Iterable[int], seconds: float,
                   thread: str | None = None) -> tuple[Profile, Recorder, Sched]:
     """Record for ``seconds`` from the moment the programs are attached; also
